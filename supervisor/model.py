@@ -1,0 +1,197 @@
+"""The nouns of the queue: job states, error kinds, and the frozen values store verbs take and
+return. Pure data; no I/O.
+
+The lease state machine (docs/architecture.md draws it)::
+
+    enqueue ─> queued ─claim─> leased ─ack─> done
+                 ^  ^            │
+                 │  └─ release ──┤   drain: visible at once, the delivery not counted
+                 └── retry ──────┤   failure with attempts < max_deliveries, after backoff
+                                 └─> dead   attempts reached max_deliveries, or permanent
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"  # in: enqueue, release, retry, reap, dlq requeue. out: claim.
+    LEASED = "leased"  # in: claim only. out: ack, fail, release, reap (all guarded by token).
+    DONE = "done"  # in: ack. out: prune after the retention.
+    DEAD = "dead"  # in: fail at the limit or permanent, reap at the limit. out: requeue, purge.
+
+
+class ErrorKind(StrEnum):
+    MEMORY_LIMIT = "memory_limit"  # RSS over memory_limit, or MemoryError under the rlimit
+    TIMEOUT = "timeout"  # wall clock past timeout, or the lease-extension ceiling reached
+    CRASHED = "crashed"  # the worker died on its own: exit code or signal
+    EXCEPTION = "exception"  # the handler raised
+    PERMANENT = "permanent"  # the handler raised workers.Permanent: dead at once
+    LEASE_EXPIRED = "lease_expired"  # nobody extended the lease in time (reaper)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job about to be enqueued. ``payload`` is already-validated JSON text."""
+
+    kind: str
+    pool: str
+    payload: str
+    max_deliveries: int
+    tenant: str | None = None
+    key: str | None = None
+    priority: int = 0
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof of ownership: every write after a claim names the job and its lease token."""
+
+    job_id: int
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A job just claimed: what a worker needs to run it and what the parent needs to keep it."""
+
+    lease: Lease
+    kind: str
+    pool: str
+    payload: str
+    attempt: int
+    max_deliveries: int
+    locked_until: float
+    tenant: str | None = None
+
+    @property
+    def job_id(self) -> int:
+        return self.lease.job_id
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A successful result. ``result`` is JSON text."""
+
+    lease: Lease
+    result: str = "null"
+    peak_rss: int | None = None
+    duration: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed delivery. ``retry_delay`` None means dead-letter now (permanent); otherwise the
+    store retries after that many seconds, or dead-letters when attempts reached the limit."""
+
+    lease: Lease
+    error_kind: ErrorKind
+    message: str
+    retry_delay: float | None
+    peak_rss: int | None = None
+    duration: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """What ``Store.fail`` did with each failure that still held its lease."""
+
+    retried: tuple[int, ...] = ()
+    dead: tuple[int, ...] = ()
+    lost: tuple[Lease, ...] = ()  # the lease was no longer ours: nothing changed
+
+
+@dataclass(frozen=True, slots=True)
+class ReapOutcome:
+    """Expired leases the reaper handled: back to queued, or dead at the delivery limit."""
+
+    requeued: tuple[int, ...] = ()
+    dead: tuple[int, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return len(self.requeued) + len(self.dead)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """One pool's queue figures, read from the store."""
+
+    pool: str
+    ready: int = 0  # queued and available now
+    scheduled: int = 0  # queued, available later (delay or retry backoff)
+    leased: int = 0
+    done: int = 0
+    dead: int = 0
+    oldest_ready_age: float = 0.0  # seconds the oldest ready job has waited; 0 when none
+
+
+def iso(ts: float | None) -> str | None:
+    """Unix seconds as ISO 8601 in UTC, or None."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job row as users see it (``client.get``, ``fleetd jobs``)."""
+
+    id: int
+    kind: str
+    pool: str
+    state: JobState
+    attempts: int
+    max_deliveries: int
+    payload: Any
+    tenant: str | None
+    key: str | None
+    priority: int
+    enqueued_at: float
+    available_at: float
+    started_at: float | None
+    finished_at: float | None
+    result: Any
+    last_error: str | None
+    error_kind: ErrorKind | None
+    peak_rss: int | None
+    duration: float | None
+    owner: str | None = None
+    locked_until: float | None = None
+    extensions: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The contract's JSON shape: timestamps ISO 8601 in UTC."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "pool": self.pool,
+            "state": str(self.state),
+            "attempts": self.attempts,
+            "max_deliveries": self.max_deliveries,
+            "tenant": self.tenant,
+            "key": self.key,
+            "priority": self.priority,
+            "payload": self.payload,
+            "enqueued_at": iso(self.enqueued_at),
+            "available_at": iso(self.available_at),
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "result": self.result,
+            "last_error": self.last_error,
+            "error_kind": str(self.error_kind) if self.error_kind else None,
+            "peak_rss": self.peak_rss,
+            "duration": self.duration,
+            "owner": self.owner,
+            "locked_until": iso(self.locked_until),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
