@@ -1,0 +1,109 @@
+"""The durable queue. ``open_store(url)`` returns a ``Store``: SQLite for one host (the
+default), PostgreSQL for several. Only this package imports SQLAlchemy; everything else speaks
+the verbs of ``Store``, named for the lease state machine in ``supervisor.model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any, Protocol
+
+from supervisor.clock import Clock
+from supervisor.errors import StoreError, StoreUnavailable
+from supervisor.model import (
+    Ack,
+    Claimed,
+    FailOutcome,
+    Failure,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    PoolStats,
+    ReapOutcome,
+)
+
+
+class Store(Protocol):
+    """The verbs every engine implements; one conformance suite (tests/store) runs on each."""
+
+    dialect: str
+
+    def migrate(self) -> int: ...
+    def now(self) -> float: ...
+    def close(self) -> None: ...
+    def enqueue(self, job: NewJob) -> int: ...
+    def enqueue_many(self, new: Sequence[NewJob]) -> list[int]: ...
+    def claim(
+        self, *, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+    ) -> list[Claimed]: ...
+    def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]: ...
+    def ack(self, acks: Sequence[Ack]) -> list[Lease]: ...
+    def fail(self, failures: Sequence[Failure]) -> FailOutcome: ...
+    def release(self, leases: Sequence[Lease]) -> list[int]: ...
+    def reap(self, *, limit: int = 1000) -> ReapOutcome: ...
+    def get(self, job_id: int) -> Job | None: ...
+    def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        pool: str | None = None,
+        limit: int = 100,
+        after_id: int = 0,
+    ) -> list[Job]: ...
+    def stats(self, pools: Collection[str]) -> dict[str, PoolStats]: ...
+    def dlq_list(self, *, pool: str | None = None, limit: int = 100) -> list[Job]: ...
+    def dlq_requeue(
+        self, ids: Sequence[int] | None = None, *, pool: str | None = None
+    ) -> list[int]: ...
+    def dlq_purge(self, ids: Sequence[int] | None = None, *, pool: str | None = None) -> int: ...
+    def prune(self, *, older_than: float, batch: int = 5000) -> int: ...
+    def register_node(self, *, node_id: str, hostname: str, pid: int, fleet: str) -> None: ...
+    def node_heartbeat(self, node_id: str, *, state: str, snapshot: str | None) -> None: ...
+    def list_nodes(self) -> list[dict[str, Any]]: ...
+
+
+def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True) -> Store:
+    """Open (and by default migrate) the store at a SQLAlchemy URL. A URL that cannot be
+    parsed, reached or migrated raises ``StoreError`` with one line that says which and why."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(
+            f"database {url!r} is not a database URL (expected e.g. "
+            "'sqlite:///fleetd.db' or 'postgresql://host/db')"
+        ) from exc
+    store = _engine_for(parsed, clock)
+    if migrate:
+        try:
+            store.migrate()
+        except StoreUnavailable as exc:
+            store.close()
+            shown = parsed.render_as_string(hide_password=True)
+            raise StoreError(f"cannot open database {shown}: {exc}") from exc
+    return store
+
+
+def _engine_for(url: Any, clock: Clock | None) -> Store:
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        from supervisor.store.sqlite import SqliteStore
+
+        return SqliteStore(url, clock)
+    if backend == "postgresql":
+        try:
+            import psycopg  # noqa: F401
+        except ImportError as exc:
+            raise StoreError(
+                "PostgreSQL needs the psycopg driver: pip install 'fleetd[postgres]'"
+            ) from exc
+        from supervisor.store.postgres import PostgresStore
+
+        return PostgresStore(url.set(drivername="postgresql+psycopg"), clock)
+    raise StoreError(
+        f"database {url.render_as_string(hide_password=True)!r}: unsupported "
+        "engine (expected sqlite:/// or postgresql://)"
+    )

@@ -1,0 +1,109 @@
+"""The one schema both dialects share (SQLAlchemy Core).
+
+Time columns hold Unix seconds (double precision) in UTC. One representation for both dialects
+keeps every comparison a plain number comparison, needs no timezone handling in SQLite (which
+has no date type), and makes every index below usable by the range scans the verbs do.
+
+Indexes are shaped for the statements that run all the time, so their cost stays flat however
+many jobs are queued:
+
+- ``ix_jobs_claim``: the claim's ordered scan (pool, priority, available_at, id) over queued rows
+  only; partial, so finished rows never slow it down.
+- ``ix_jobs_ready_age``: the oldest ready job per pool (``min(available_at)``), the number that
+  pages. Without it that query reads every queued row.
+- ``ix_jobs_lease``: the reaper's scan of expired leases, over leased rows only.
+- ``ix_jobs_finished``: prune of done jobs past the retention, and the recent-completions window.
+- ``ix_jobs_state``: listing by state (``fleetd jobs``, the dead-letter queue).
+- ``uq_jobs_kind_key``: the idempotency key, unique per kind (NULL keys never collide).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+
+metadata = MetaData()
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL wants BIGINT for a busy queue.
+_Id = BigInteger().with_variant(Integer(), "sqlite")
+_Time = Float(precision=53)  # DOUBLE PRECISION on PostgreSQL, REAL on SQLite: Unix seconds
+
+jobs = Table(
+    "fleetd_jobs",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("kind", String(200), nullable=False),
+    Column("pool", String(200), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("tenant", String(200)),
+    Column("key", String(500)),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_deliveries", Integer, nullable=False),
+    Column("enqueued_at", _Time, nullable=False),
+    Column("available_at", _Time, nullable=False),
+    Column("owner", String(200)),
+    Column("lease_token", String(64)),
+    Column("locked_until", _Time),
+    Column("extensions", Integer, nullable=False, server_default=text("0")),
+    Column("started_at", _Time),
+    Column("finished_at", _Time),
+    Column("duration", _Time),
+    Column("result", Text),
+    Column("last_error", Text),
+    Column("error_kind", String(32)),
+    Column("peak_rss", BigInteger),
+    # Never reuse an id, even after the newest jobs are pruned: a client may still wait on it.
+    sqlite_autoincrement=True,
+)
+
+
+def _partial(condition: str) -> dict[str, object]:
+    """The same partial-index predicate for both dialects."""
+    return {"sqlite_where": text(condition), "postgresql_where": text(condition)}
+
+
+Index(
+    "ix_jobs_claim",
+    jobs.c.pool,
+    jobs.c.priority.desc(),
+    jobs.c.available_at,
+    jobs.c.id,
+    **_partial("state = 'queued'"),
+)
+Index("ix_jobs_ready_age", jobs.c.pool, jobs.c.available_at, **_partial("state = 'queued'"))
+Index("ix_jobs_lease", jobs.c.locked_until, **_partial("state = 'leased'"))
+Index("ix_jobs_finished", jobs.c.pool, jobs.c.finished_at, **_partial("state = 'done'"))
+Index("ix_jobs_state", jobs.c.state, jobs.c.pool, jobs.c.id)
+Index("uq_jobs_kind_key", jobs.c.kind, jobs.c.key, unique=True)
+
+nodes = Table(
+    "fleetd_nodes",
+    metadata,
+    Column("node_id", String(200), primary_key=True),
+    Column("hostname", String(200), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("fleet", String(200), nullable=False),
+    Column("started_at", _Time, nullable=False),
+    Column("heartbeat_at", _Time, nullable=False),
+    Column("state", String(16), nullable=False),  # running, draining, stopped
+    Column("snapshot", Text),  # the supervisor's latest FleetSnapshot as JSON
+)
+
+schema_version = Table(
+    "fleetd_schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_at", _Time, nullable=False),
+)

@@ -1,0 +1,620 @@
+"""``SqlStore``: the lease state machine's verbs in SQLAlchemy Core, shared by both dialects.
+
+Every verb is one transaction (or one autocommit statement), so a crash or an outage between
+verbs leaves the queue in a state the verbs already know. Every write after a claim is guarded by
+state and lease token in its WHERE clause and reports which rows it changed: a late ack from a
+worker whose lease was taken over changes nothing and comes back as lost.
+
+Dialects differ only where they must (``SqliteStore``, ``PostgresStore``): how "now" is read, how
+a lease token is made, connection set-up, and the wake-up channel. This is the one place where
+driver errors become ``StoreUnavailable`` (raised ``from`` the driver's error).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    String,
+    and_,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.sql.elements import ColumnElement
+
+from supervisor.clock import Clock
+from supervisor.errors import JobNotFound, NotDead, StoreError, StoreUnavailable
+from supervisor.model import (
+    Ack,
+    Claimed,
+    ErrorKind,
+    FailOutcome,
+    Failure,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    PoolStats,
+    ReapOutcome,
+)
+from supervisor.store import migrations
+from supervisor.store.schema import jobs, nodes
+
+QUEUED, LEASED, DONE, DEAD = (s.value for s in JobState)
+_BATCH = 500  # rows per statement for id lists (well under SQLite's bound-variable limit)
+
+
+class SqlStore:
+    """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
+
+    dialect = "sql"
+
+    def __init__(self, engine: Engine, clock: Clock | None) -> None:
+        # clock None means "the database's own clock" (PostgreSQL in production).
+        self.engine = engine
+        self._clock = clock
+
+    # ---- plumbing -----------------------------------------------------------------------
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """Translate driver errors exactly once, here."""
+        try:
+            yield
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            raise StoreUnavailable(f"database unavailable: {_one_line(exc)}") from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(f"database connection lost: {_one_line(exc)}") from exc
+            raise StoreError(f"database error: {_one_line(exc)}") from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite: take the write lock up front)."""
+        with self._translated(), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _auto(self) -> Iterator[Connection]:
+        """Autocommit: each statement is its own transaction (one round trip fewer)."""
+        with self._translated(), self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def _now(self) -> ColumnElement[float]:
+        """ "Now" as SQL: the injected clock's value, or the database's clock."""
+        if self._clock is not None:
+            return literal(self._clock.now(), Float(precision=53))
+        return self._db_now()
+
+    def _db_now(self) -> ColumnElement[float]:
+        raise NotImplementedError
+
+    def _token(self) -> ColumnElement[str]:
+        """A fresh random lease token per row, made by the database."""
+        raise NotImplementedError
+
+    def _insert(self) -> Any:
+        """The dialect's INSERT construct (with ON CONFLICT support)."""
+        raise NotImplementedError
+
+    def _after_enqueue(self, conn: Connection, pools: set[str]) -> None:
+        """Hook: wake supervisors waiting for work in ``pools`` (PostgreSQL NOTIFY)."""
+
+    def migrate(self) -> int:
+        """Bring the schema up to date; return its version."""
+        with self._tx() as conn:
+            self._lock_for_migration(conn)
+            return migrations.migrate(conn, self.engine.dialect.name, self.now())
+
+    def _lock_for_migration(self, conn: Connection) -> None:
+        """SQLite's BEGIN IMMEDIATE already serialises; PostgreSQL takes an advisory lock."""
+
+    def now(self) -> float:
+        """The store's clock as a Python value."""
+        if self._clock is not None:
+            return self._clock.now()
+        with self._auto() as conn:
+            return float(conn.execute(select(self._db_now())).scalar_one())
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- enqueue ------------------------------------------------------------------------
+
+    def enqueue(self, job: NewJob) -> int:
+        """Add one job; an existing (kind, key) returns that job's id and changes nothing."""
+        return self.enqueue_many([job])[0]
+
+    def enqueue_many(self, new: Sequence[NewJob]) -> list[int]:
+        """Add jobs in one transaction; ids come back in input order."""
+        if not new:
+            return []
+        with self._tx() as conn:
+            ids = self._insert_plain(conn, [j for j in new if j.key is None])
+            plain = iter(ids)
+            out = [next(plain) if j.key is None else self._insert_keyed(conn, j) for j in new]
+            self._after_enqueue(conn, {j.pool for j in new})
+        return out
+
+    def _row_values(self) -> dict[str, Any]:
+        now = self._now()
+        names = ("kind", "pool", "payload", "tenant", "key", "priority", "max_deliveries")
+        values: dict[str, Any] = {n: bindparam(n) for n in names}
+        values.update(
+            state=QUEUED,
+            enqueued_at=now,
+            available_at=now + bindparam("delay", type_=Float(precision=53)),
+        )
+        return values
+
+    def _insert_plain(self, conn: Connection, new: list[NewJob]) -> list[int]:
+        if not new:
+            return []
+        stmt = insert(jobs).values(self._row_values())
+        stmt = stmt.returning(jobs.c.id, sort_by_parameter_order=True)
+        return list(conn.execute(stmt, [_params(j) for j in new]).scalars())
+
+    def _insert_keyed(self, conn: Connection, job: NewJob) -> int:
+        stmt = self._insert()(jobs).values(self._row_values())
+        stmt = stmt.on_conflict_do_nothing(index_elements=["kind", "key"]).returning(jobs.c.id)
+        inserted = conn.execute(stmt, _params(job)).scalar()
+        if inserted is not None:
+            return int(inserted)
+        found = select(jobs.c.id).where(jobs.c.kind == job.kind, jobs.c.key == job.key)
+        return int(conn.execute(found).scalar_one())
+
+    # ---- claim and the lease ------------------------------------------------------------
+
+    def claim(
+        self, *, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+    ) -> list[Claimed]:
+        """Lease up to ``n`` ready jobs of ``pool`` whose kind is in ``kinds``, highest
+        priority first, then longest waiting. Counts a delivery on each."""
+        if n <= 0 or not kinds:
+            return []
+        now = self._now()
+        ready = (
+            select(jobs.c.id)
+            .where(
+                jobs.c.pool == pool,
+                jobs.c.state == QUEUED,
+                jobs.c.available_at <= now,
+                jobs.c.kind.in_(sorted(kinds)),
+            )
+            .order_by(jobs.c.priority.desc(), jobs.c.available_at, jobs.c.id)
+            .limit(n)
+            .with_for_update(skip_locked=True)
+        )
+        stmt = (
+            update(jobs)
+            .where(jobs.c.id.in_(ready.scalar_subquery()))
+            .values(
+                state=LEASED,
+                owner=node,
+                lease_token=self._token(),
+                locked_until=now + lease,
+                attempts=jobs.c.attempts + 1,
+                extensions=0,
+                started_at=now,
+                finished_at=None,
+            )
+            .returning(*_CLAIMED_COLUMNS)
+        )
+        with self._auto() as conn:
+            rows = conn.execute(stmt).all()
+        rows.sort(key=lambda r: (-r.priority, r.available_at, r.id))
+        return [_claimed(r) for r in rows]
+
+    def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]:
+        """Push the leases' expiry to now + ``lease`` in one statement; return the leases that
+        were NOT extended (lost: taken over, reaped or finished) so their workers can be killed."""
+        if not leases:
+            return []
+        stmt = (
+            update(jobs)
+            .where(jobs.c.state == LEASED, _lease_match(leases))
+            .values(locked_until=self._now() + lease, extensions=jobs.c.extensions + 1)
+            .returning(jobs.c.id)
+        )
+        with self._auto() as conn:
+            kept = set(conn.execute(stmt).scalars())
+        return [lease_ for lease_ in leases if lease_.job_id not in kept]
+
+    def ack(self, acks: Sequence[Ack]) -> list[Lease]:
+        """Mark jobs done with their results; return the leases that were no longer ours
+        (nothing changed for those)."""
+        if not acks:
+            return []
+        now = self._now()
+        stmt = (
+            update(jobs)
+            .where(
+                jobs.c.id == bindparam("b_id"),
+                jobs.c.lease_token == bindparam("b_token"),
+                jobs.c.state == LEASED,
+            )
+            .values(
+                state=DONE,
+                result=bindparam("b_result"),
+                peak_rss=bindparam("b_peak_rss"),
+                duration=bindparam("b_duration"),
+                finished_at=now,
+                owner=None,
+                locked_until=None,
+            )
+        )
+        params = [
+            {
+                "b_id": a.lease.job_id,
+                "b_token": a.lease.token,
+                "b_result": a.result,
+                "b_peak_rss": a.peak_rss,
+                "b_duration": a.duration,
+            }
+            for a in acks
+        ]
+        with self._tx() as conn:
+            changed = conn.execute(stmt, params).rowcount
+            if changed == len(acks) and self.engine.dialect.supports_sane_multi_rowcount:
+                return []
+            return self._not_finished_by(conn, [a.lease for a in acks], DONE)
+
+    def _not_finished_by(
+        self, conn: Connection, leases: Sequence[Lease], state: str
+    ) -> list[Lease]:
+        """Which of ``leases`` did not move their job to ``state``. Finished rows keep their
+        last lease token, so (id, token, state) says whose write took effect."""
+        took = select(jobs.c.id).where(jobs.c.state == state, _lease_match(leases))
+        done = set(conn.execute(took).scalars())
+        return [lease_ for lease_ in leases if lease_.job_id not in done]
+
+    def fail(self, failures: Sequence[Failure]) -> FailOutcome:
+        """Record failed deliveries: retry after ``retry_delay`` while attempts remain,
+        otherwise (or when ``retry_delay`` is None) dead-letter."""
+        retried: list[int] = []
+        dead: list[int] = []
+        lost: list[Lease] = []
+        with self._tx() as conn:
+            for failure in failures:
+                row = conn.execute(self._fail_statement(failure)).first()
+                if row is None:
+                    lost.append(failure.lease)
+                else:
+                    (dead if row.state == DEAD else retried).append(row.id)
+        return FailOutcome(tuple(retried), tuple(dead), tuple(lost))
+
+    def _fail_statement(self, f: Failure) -> Any:
+        now = self._now()
+        if f.retry_delay is None:
+            at_limit: ColumnElement[bool] = literal(True)
+        else:
+            at_limit = jobs.c.attempts >= jobs.c.max_deliveries
+        delay = 0.0 if f.retry_delay is None else f.retry_delay
+        return (
+            update(jobs)
+            .where(jobs.c.state == LEASED, _lease_match([f.lease]))
+            .values(
+                state=case((at_limit, DEAD), else_=QUEUED),
+                available_at=case((at_limit, jobs.c.available_at), else_=now + delay),
+                finished_at=case((at_limit, now), else_=None),
+                error_kind=str(f.error_kind),
+                last_error=f.message,
+                peak_rss=f.peak_rss,
+                duration=f.duration,
+                owner=None,
+                locked_until=None,
+            )
+            .returning(jobs.c.id, jobs.c.state)
+        )
+
+    def release(self, leases: Sequence[Lease]) -> list[int]:
+        """Hand jobs back untouched: visible at once, this delivery not counted. Returns the
+        ids released (a lease no longer ours is skipped)."""
+        if not leases:
+            return []
+        stmt = (
+            update(jobs)
+            .where(jobs.c.state == LEASED, _lease_match(leases))
+            .values(
+                state=QUEUED,
+                attempts=jobs.c.attempts - 1,
+                available_at=self._now(),
+                owner=None,
+                locked_until=None,
+                lease_token=None,
+            )
+            .returning(jobs.c.id)
+        )
+        with self._auto() as conn:
+            return sorted(conn.execute(stmt).scalars())
+
+    def reap(self, *, limit: int = 1000) -> ReapOutcome:
+        """Expired leases back to queued, or dead when the delivery limit is reached (recorded
+        as ``lease_expired``). Safe to run on every node at once."""
+        now = self._now()
+        expired = (
+            select(jobs.c.id)
+            .where(jobs.c.state == LEASED, jobs.c.locked_until < now)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        at_limit = jobs.c.attempts >= jobs.c.max_deliveries
+        message = (
+            literal("the lease held by node ", String)
+            + func.coalesce(jobs.c.owner, "?")
+            + literal(" expired during attempt ", String)
+            + cast(jobs.c.attempts, String)
+        )
+        stmt = (
+            update(jobs)
+            .where(jobs.c.id.in_(expired.scalar_subquery()))
+            .values(
+                state=case((at_limit, DEAD), else_=QUEUED),
+                finished_at=case((at_limit, now), else_=None),
+                available_at=now,
+                error_kind=ErrorKind.LEASE_EXPIRED.value,
+                last_error=message,
+                owner=None,
+                locked_until=None,
+            )
+            .returning(jobs.c.id, jobs.c.state)
+        )
+        with self._auto() as conn:
+            rows = conn.execute(stmt).all()
+        requeued = tuple(sorted(r.id for r in rows if r.state == QUEUED))
+        return ReapOutcome(requeued, tuple(sorted(r.id for r in rows if r.state == DEAD)))
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def get(self, job_id: int) -> Job | None:
+        with self._auto() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        return None if row is None else _job(row)
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        pool: str | None = None,
+        limit: int = 100,
+        after_id: int = 0,
+    ) -> list[Job]:
+        """Jobs by id, optionally of one state and pool, starting after ``after_id``."""
+        query = select(jobs).where(jobs.c.id > after_id).order_by(jobs.c.id).limit(limit)
+        if state is not None:
+            query = query.where(jobs.c.state == str(state))
+        if pool is not None:
+            query = query.where(jobs.c.pool == pool)
+        with self._auto() as conn:
+            return [_job(r) for r in conn.execute(query)]
+
+    def stats(self, pools: Collection[str]) -> dict[str, PoolStats]:
+        """Per-pool figures. Each count walks only the partial index of its state, and the
+        oldest-ready query reads one index entry."""
+        now = self._now()
+        with self._auto() as conn:
+            return {p: self._pool_stats(conn, p, now) for p in pools}
+
+    def _pool_stats(self, conn: Connection, pool: str, now: ColumnElement[float]) -> PoolStats:
+        queued = and_(jobs.c.pool == pool, jobs.c.state == QUEUED)
+        ready_q = select(func.count(), func.min(jobs.c.available_at), now).where(
+            queued, jobs.c.available_at <= now
+        )
+        ready, oldest, now_value = conn.execute(ready_q).one()
+        counts = dict(
+            conn.execute(
+                select(jobs.c.state, func.count()).where(jobs.c.pool == pool).group_by(jobs.c.state)
+            ).all()
+        )
+        return PoolStats(
+            pool=pool,
+            ready=ready,
+            scheduled=counts.get(QUEUED, 0) - ready,
+            leased=counts.get(LEASED, 0),
+            done=counts.get(DONE, 0),
+            dead=counts.get(DEAD, 0),
+            oldest_ready_age=max(0.0, now_value - oldest) if oldest is not None else 0.0,
+        )
+
+    # ---- dead letters and retention -----------------------------------------------------
+
+    def dlq_list(self, *, pool: str | None = None, limit: int = 100) -> list[Job]:
+        return self.list_jobs(state=JobState.DEAD, pool=pool, limit=limit)
+
+    def dlq_requeue(
+        self, ids: Sequence[int] | None = None, *, pool: str | None = None
+    ) -> list[int]:
+        """Give dead jobs a fresh delivery budget. ``ids`` None means every dead job (of
+        ``pool``). Naming a job that is missing or not dead changes nothing and raises."""
+        with self._tx() as conn:
+            target = self._dead_ids(conn, ids, pool)
+            for chunk in _chunks(target):
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(chunk), jobs.c.state == DEAD)
+                    .values(state=QUEUED, attempts=0, available_at=self._now(), finished_at=None)
+                )
+        return target
+
+    def dlq_purge(self, ids: Sequence[int] | None = None, *, pool: str | None = None) -> int:
+        """Delete dead jobs (all of them, or of ``pool``, or exactly ``ids``)."""
+        with self._tx() as conn:
+            target = self._dead_ids(conn, ids, pool)
+            for chunk in _chunks(target):
+                conn.execute(delete(jobs).where(jobs.c.id.in_(chunk), jobs.c.state == DEAD))
+        return len(target)
+
+    def _dead_ids(self, conn: Connection, ids: Sequence[int] | None, pool: str | None) -> list[int]:
+        if ids is None:
+            query = select(jobs.c.id).where(jobs.c.state == DEAD).order_by(jobs.c.id)
+            if pool is not None:
+                query = query.where(jobs.c.pool == pool)
+            return list(conn.execute(query).scalars())
+        wanted = sorted(set(ids))
+        states: dict[int, str] = {}
+        for chunk in _chunks(wanted):
+            query = select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(chunk))
+            states.update((r.id, r.state) for r in conn.execute(query))
+        missing = [i for i in wanted if i not in states]
+        if missing:
+            raise JobNotFound(f"no job with id {', '.join(map(str, missing))}")
+        alive = [f"{i} ({states[i]})" for i in wanted if states[i] != DEAD]
+        if alive:
+            raise NotDead(f"not dead, so not in the dead-letter queue: job {', '.join(alive)}")
+        return wanted
+
+    def prune(self, *, older_than: float, batch: int = 5000) -> int:
+        """Delete done jobs that finished more than ``older_than`` seconds ago, in batches so
+        no transaction holds the write lock for long."""
+        total = 0
+        while True:
+            cutoff = self._now() - older_than
+            old = (
+                select(jobs.c.id)
+                .where(jobs.c.state == DONE, jobs.c.finished_at < cutoff)
+                .limit(batch)
+            )
+            with self._auto() as conn:
+                removed = conn.execute(delete(jobs).where(jobs.c.id.in_(old.scalar_subquery())))
+            total += removed.rowcount
+            if removed.rowcount < batch:
+                return total
+
+    # ---- nodes --------------------------------------------------------------------------
+
+    def register_node(self, *, node_id: str, hostname: str, pid: int, fleet: str) -> None:
+        """Record this supervisor as running (replacing an earlier row of the same id)."""
+        now = self._now()
+        with self._tx() as conn:
+            conn.execute(delete(nodes).where(nodes.c.node_id == node_id))
+            conn.execute(
+                insert(nodes).values(
+                    node_id=node_id,
+                    hostname=hostname,
+                    pid=pid,
+                    fleet=fleet,
+                    started_at=now,
+                    heartbeat_at=now,
+                    state="running",
+                )
+            )
+
+    def node_heartbeat(self, node_id: str, *, state: str, snapshot: str | None) -> None:
+        """Refresh this node's heartbeat, state and status snapshot."""
+        stmt = (
+            update(nodes)
+            .where(nodes.c.node_id == node_id)
+            .values(heartbeat_at=self._now(), state=state, snapshot=snapshot)
+        )
+        with self._auto() as conn:
+            conn.execute(stmt)
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node row, with ``age``: seconds since its last heartbeat (by the store's clock)."""
+        query = select(nodes, (self._now() - nodes.c.heartbeat_at).label("age")).order_by(
+            nodes.c.node_id
+        )
+        with self._auto() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+
+# ---- row helpers ------------------------------------------------------------------------
+
+_CLAIMED_COLUMNS = (
+    jobs.c.id,
+    jobs.c.lease_token,
+    jobs.c.kind,
+    jobs.c.pool,
+    jobs.c.payload,
+    jobs.c.attempts,
+    jobs.c.max_deliveries,
+    jobs.c.locked_until,
+    jobs.c.tenant,
+    jobs.c.priority,
+    jobs.c.available_at,
+)
+
+
+def _lease_match(leases: Sequence[Lease]) -> ColumnElement[bool]:
+    """(id, token) IN (...): row values work on PostgreSQL and on SQLite >= 3.15."""
+    return tuple_(jobs.c.id, jobs.c.lease_token).in_([(x.job_id, x.token) for x in leases])
+
+
+def _params(job: NewJob) -> dict[str, Any]:
+    return {
+        "kind": job.kind,
+        "pool": job.pool,
+        "payload": job.payload,
+        "tenant": job.tenant,
+        "key": job.key,
+        "priority": job.priority,
+        "max_deliveries": job.max_deliveries,
+        "delay": float(job.delay),
+    }
+
+
+def _claimed(row: Any) -> Claimed:
+    return Claimed(
+        lease=Lease(row.id, row.lease_token),
+        kind=row.kind,
+        pool=row.pool,
+        payload=row.payload,
+        attempt=row.attempts,
+        max_deliveries=row.max_deliveries,
+        locked_until=row.locked_until,
+        tenant=row.tenant,
+    )
+
+
+def _job(row: Any) -> Job:
+    m = row._mapping
+    return Job(
+        id=m["id"],
+        kind=m["kind"],
+        pool=m["pool"],
+        state=JobState(m["state"]),
+        attempts=m["attempts"],
+        max_deliveries=m["max_deliveries"],
+        payload=json.loads(m["payload"]),
+        tenant=m["tenant"],
+        key=m["key"],
+        priority=m["priority"],
+        enqueued_at=m["enqueued_at"],
+        available_at=m["available_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        result=None if m["result"] is None else json.loads(m["result"]),
+        last_error=m["last_error"],
+        error_kind=ErrorKind(m["error_kind"]) if m["error_kind"] else None,
+        peak_rss=m["peak_rss"],
+        duration=m["duration"],
+        owner=m["owner"],
+        locked_until=m["locked_until"],
+        extensions=m["extensions"],
+    )
+
+
+def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
+    for start in range(0, len(ids), _BATCH):
+        yield ids[start : start + _BATCH]
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver's message without its SQL echo and background links."""
+    orig = getattr(exc, "orig", None) or exc
+    return " ".join(str(orig).split("\n")[0].split()) or type(orig).__name__

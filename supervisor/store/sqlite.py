@@ -1,0 +1,74 @@
+"""``SqliteStore``: the embedded default, one file shared by every process on the host.
+
+WAL lets readers (``fleetd status``, clients) work while one writer writes; ``busy_timeout``
+makes a writer wait for the lock instead of failing. Python's sqlite3 module would otherwise
+open transactions on its own schedule, so it is switched to autocommit and fleetd issues
+``BEGIN IMMEDIATE`` itself for multi-statement verbs: the write lock is taken at the start, so a
+transaction never fails half-way on a lock upgrade. Single-statement verbs run in autocommit, as
+one implicit transaction each.
+
+Time is the injected clock (the system clock by default): every process on one host shares it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, create_engine, event, func
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL
+from sqlalchemy.sql.elements import ColumnElement
+
+from supervisor.clock import Clock, SystemClock
+from supervisor.errors import StoreError
+from supervisor.store.sql import SqlStore
+
+BUSY_TIMEOUT_MS = 30_000
+_AUTOCOMMIT = "fleetd_autocommit"
+
+
+class SqliteStore(SqlStore):
+    dialect = "sqlite"
+
+    def __init__(self, url: URL, clock: Clock | None = None) -> None:
+        database = url.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise StoreError(f"{url}: an in-memory SQLite database cannot be shared; use a file")
+        folder = Path(database).parent
+        if not folder.is_dir():
+            raise StoreError(f"cannot open {url}: folder {str(folder)!r} does not exist")
+        engine = create_engine(url, pool_size=2, max_overflow=8)
+        event.listen(engine, "connect", _on_connect)
+        event.listen(engine, "begin", _on_begin)
+        super().__init__(engine, clock or SystemClock())
+
+    @contextmanager
+    def _auto(self) -> Iterator[Connection]:
+        with self._translated(), self.engine.connect() as conn:
+            yield conn.execution_options(**{_AUTOCOMMIT: True})
+
+    def _db_now(self) -> ColumnElement[float]:  # pragma: no cover - SQLite always has a clock
+        raise AssertionError("SQLite uses the injected clock")
+
+    def _token(self) -> ColumnElement[str]:
+        return func.lower(func.hex(func.randomblob(16)))
+
+    def _insert(self) -> Any:
+        return sqlite_insert
+
+
+def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.isolation_level = None  # fleetd issues BEGIN itself (see module docstring)
+    cursor = dbapi_conn.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA synchronous = NORMAL")  # durable across process crashes in WAL mode
+    cursor.close()
+
+
+def _on_begin(conn: Connection) -> None:
+    if not conn.get_execution_options().get(_AUTOCOMMIT):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
