@@ -258,30 +258,30 @@ class SqlStore:
                 locked_until=None,
             )
         )
-        params = [
-            {
-                "b_id": a.lease.job_id,
-                "b_token": a.lease.token,
-                "b_result": a.result,
-                "b_peak_rss": a.peak_rss,
-                "b_duration": a.duration,
-            }
-            for a in acks
-        ]
         with self._tx() as conn:
-            changed = conn.execute(stmt, params).rowcount
-            if changed == len(acks) and self.engine.dialect.supports_sane_multi_rowcount:
-                return []
-            return self._not_finished_by(conn, [a.lease for a in acks], DONE)
+            owned = self._owned(conn, [a.lease for a in acks])
+            params = [
+                {
+                    "b_id": a.lease.job_id,
+                    "b_token": a.lease.token,
+                    "b_result": a.result,
+                    "b_peak_rss": a.peak_rss,
+                    "b_duration": a.duration,
+                }
+                for a in acks
+                if a.lease.job_id in owned
+            ]
+            if params:
+                conn.execute(stmt, params)
+        return [a.lease for a in acks if a.lease.job_id not in owned]
 
-    def _not_finished_by(
-        self, conn: Connection, leases: Sequence[Lease], state: str
-    ) -> list[Lease]:
-        """Which of ``leases`` did not move their job to ``state``. Finished rows keep their
-        last lease token, so (id, token, state) says whose write took effect."""
-        took = select(jobs.c.id).where(jobs.c.state == state, _lease_match(leases))
-        done = set(conn.execute(took).scalars())
-        return [lease_ for lease_ in leases if lease_.job_id not in done]
+    def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[int]:
+        """The ids among ``leases`` still leased under that token, locked for this transaction
+        (SQLite's write lock is already held; PostgreSQL locks the rows)."""
+        query = (
+            select(jobs.c.id).where(jobs.c.state == LEASED, _lease_match(leases)).with_for_update()
+        )
+        return set(conn.execute(query).scalars())
 
     def fail(self, failures: Sequence[Failure]) -> FailOutcome:
         """Record failed deliveries: retry after ``retry_delay`` while attempts remain,

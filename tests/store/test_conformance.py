@@ -1,0 +1,310 @@
+"""The Store conformance suite: every test runs on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor.clock import FakeClock
+from supervisor.errors import JobNotFound, NotDead, StoreError
+from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob
+from supervisor.store import open_store
+from tests.support.databases import postgres_schema_url
+
+
+def job(kind: str = "render", pool: str = "bulk", **kw) -> NewJob:
+    kw.setdefault("payload", json.dumps({"n": 1}))
+    kw.setdefault("max_deliveries", 3)
+    return NewJob(kind=kind, pool=pool, **kw)
+
+
+def claim(store, n: int = 1, pool: str = "bulk", kinds=("render",), lease: float = 30.0):
+    return store.claim(pool=pool, kinds=set(kinds), n=n, node="node-a", lease=lease)
+
+
+# ---- enqueue --------------------------------------------------------------------------
+
+
+def test_enqueue_many_returns_ids_in_order_and_stores_fields(store, clock):
+    ids = store.enqueue_many(
+        [job(payload='{"a": 1}', tenant="acme", priority=5), job(payload='{"a": 2}')]
+    )
+    assert ids == sorted(ids) and len(set(ids)) == 2
+    first = store.get(ids[0])
+    assert first.payload == {"a": 1} and first.tenant == "acme" and first.priority == 5
+    assert first.state is JobState.QUEUED and first.attempts == 0 and first.pool == "bulk"
+    assert first.enqueued_at == clock.now() == first.available_at
+    assert store.get(ids[1]).payload == {"a": 2}
+
+
+def test_key_is_idempotent_per_kind(store):
+    a = store.enqueue(job(key="doc-42", payload='{"v": 1}'))
+    b = store.enqueue(job(key="doc-42", payload='{"v": 2}', priority=9))
+    c = store.enqueue(job(kind="thumb", key="doc-42"))
+    assert a == b != c
+    assert store.get(a).payload == {"v": 1} and store.get(a).priority == 0
+
+
+def test_key_repeated_inside_one_batch_gets_one_job(store):
+    ids = store.enqueue_many([job(key="k1"), job(), job(key="k1"), job(key="k2")])
+    assert ids[0] == ids[2] and len(set(ids)) == 3
+
+
+def test_delay_hides_a_job_until_due(store, clock):
+    jid = store.enqueue(job(delay=10))
+    assert claim(store) == []
+    clock.advance(10)
+    assert [c.job_id for c in claim(store)] == [jid]
+
+
+# ---- claim ----------------------------------------------------------------------------
+
+
+def test_claim_orders_by_priority_then_age(store, clock):
+    low = store.enqueue(job(priority=0))
+    clock.advance(1)
+    high = store.enqueue(job(priority=5))
+    clock.advance(1)
+    low2 = store.enqueue(job(priority=0))
+    assert [c.job_id for c in claim(store, n=3)] == [high, low, low2]
+
+
+def test_claim_sets_the_lease_and_counts_a_delivery(store, clock):
+    jid = store.enqueue(job())
+    (c,) = claim(store, lease=30)
+    assert c.attempt == 1 and c.locked_until == clock.now() + 30 and len(c.lease.token) >= 16
+    row = store.get(jid)
+    assert row.state is JobState.LEASED and row.owner == "node-a" and row.attempts == 1
+    assert row.started_at == clock.now()
+    assert claim(store) == []  # a leased job is not claimed twice
+
+
+def test_claim_respects_pool_kinds_and_n(store):
+    store.enqueue_many([job(), job(), job(kind="thumb"), job(pool="other", kind="x")])
+    assert len(claim(store, n=1)) == 1
+    assert [c.kind for c in claim(store, n=10, kinds=("thumb",))] == ["thumb"]
+    assert len(claim(store, n=10)) == 1
+    assert claim(store, n=10, kinds=()) == []
+    assert [c.pool for c in claim(store, pool="other", kinds=("x",))] == ["other"]
+
+
+# ---- extend, ack ----------------------------------------------------------------------
+
+
+def test_extend_pushes_expiry_and_reports_lost_leases(store, clock):
+    store.enqueue_many([job(), job()])
+    a, b = claim(store, n=2, lease=10)
+    clock.advance(5)
+    forged = Lease(b.job_id, "not-the-token")
+    assert store.extend([a.lease, forged], lease=10) == [forged]
+    row = store.get(a.job_id)
+    assert row.locked_until == clock.now() + 10 and row.extensions == 1
+    assert store.get(b.job_id).locked_until == b.locked_until
+
+
+def test_ack_marks_done_and_a_stale_ack_changes_nothing(store, clock):
+    store.enqueue_many([job(), job()])
+    a, b = claim(store, n=2, lease=10)
+    stale = Lease(b.job_id, "stale")
+    lost = store.ack([Ack(a.lease, '{"ok": true}', peak_rss=1234, duration=0.5), Ack(stale)])
+    assert lost == [stale]
+    done = store.get(a.job_id)
+    assert done.state is JobState.DONE and done.result == {"ok": True}
+    assert done.peak_rss == 1234 and done.duration == 0.5 and done.finished_at == clock.now()
+    assert store.get(b.job_id).state is JobState.LEASED
+    assert store.ack([Ack(a.lease, '"again"')]) == [a.lease]  # no second completion
+    assert store.get(a.job_id).result == {"ok": True}
+
+
+def test_late_ack_after_takeover_is_lost(store, clock):
+    jid = store.enqueue(job())
+    (first,) = claim(store, lease=5)
+    clock.advance(6)
+    assert store.reap().requeued == (jid,)
+    (second,) = claim(store, lease=5)
+    assert second.attempt == 2 and second.lease.token != first.lease.token
+    assert store.ack([Ack(first.lease, '"late"')]) == [first.lease]
+    assert store.extend([first.lease], lease=5) == [first.lease]
+    assert store.get(jid).state is JobState.LEASED
+    assert store.ack([Ack(second.lease, '"mine"')]) == []
+    assert store.get(jid).result == "mine"
+
+
+# ---- fail, release, reap --------------------------------------------------------------
+
+
+def test_fail_retries_after_the_delay_then_dead_letters_at_the_limit(store, clock):
+    jid = store.enqueue(job(max_deliveries=2))
+    (c,) = claim(store)
+    out = store.fail([Failure(c.lease, ErrorKind.EXCEPTION, "ValueError: x", retry_delay=4)])
+    assert out.retried == (jid,) and not out.dead and not out.lost
+    row = store.get(jid)
+    assert row.state is JobState.QUEUED and row.available_at == clock.now() + 4
+    assert row.error_kind is ErrorKind.EXCEPTION and row.last_error == "ValueError: x"
+    assert claim(store) == []
+    clock.advance(4)
+    (c2,) = claim(store)
+    out = store.fail([Failure(c2.lease, ErrorKind.MEMORY_LIMIT, "peak 300MiB", retry_delay=4)])
+    assert out.dead == (jid,)
+    row = store.get(jid)
+    assert row.state is JobState.DEAD and row.attempts == 2 and row.finished_at == clock.now()
+
+
+def test_permanent_failure_dead_letters_at_once(store):
+    jid = store.enqueue(job(max_deliveries=5))
+    (c,) = claim(store)
+    out = store.fail([Failure(c.lease, ErrorKind.PERMANENT, "no doc", retry_delay=None)])
+    assert out.dead == (jid,) and store.get(jid).attempts == 1
+
+
+def test_fail_with_a_lost_lease_changes_nothing(store):
+    jid = store.enqueue(job())
+    (c,) = claim(store)
+    forged = Lease(jid, "forged")
+    out = store.fail([Failure(forged, ErrorKind.CRASHED, "signal 9", retry_delay=0)])
+    assert out.lost == (forged,) and store.get(jid).state is JobState.LEASED
+
+
+def test_release_hands_back_at_once_without_counting(store, clock):
+    jid = store.enqueue(job())
+    clock.advance(1)
+    (c,) = claim(store)
+    clock.advance(3)
+    assert store.release([c.lease, Lease(jid + 1000, "x")]) == [jid]
+    row = store.get(jid)
+    assert row.state is JobState.QUEUED and row.attempts == 0 and row.available_at == clock.now()
+    assert store.release([c.lease]) == []  # second release: no longer ours
+    assert [x.attempt for x in claim(store)] == [1]
+
+
+def test_reap_requeues_expired_leases_and_dead_letters_at_the_limit(store, clock):
+    a, b, c = store.enqueue_many([job(max_deliveries=1), job(max_deliveries=2), job()])
+    claimed = {x.job_id: x for x in claim(store, n=3, lease=10)}
+    clock.advance(5)
+    store.extend([claimed[c].lease], lease=20)
+    assert store.reap().count == 0
+    clock.advance(6)
+    out = store.reap()
+    assert out.dead == (a,) and out.requeued == (b,)
+    for jid in (a, b):
+        row = store.get(jid)
+        assert row.error_kind is ErrorKind.LEASE_EXPIRED and "node-a" in row.last_error
+    assert store.get(c).state is JobState.LEASED
+
+
+# ---- dead letters, prune, stats, nodes ------------------------------------------------
+
+
+def _dead(store, n: int) -> list[int]:
+    ids = store.enqueue_many([job(kind="bad") for _ in range(n)])
+    for c in claim(store, n=n, kinds=("bad",)):
+        store.fail([Failure(c.lease, ErrorKind.PERMANENT, "bad", retry_delay=None)])
+    return ids
+
+
+def test_dlq_list_requeue_and_purge(store):
+    ids = _dead(store, 3)
+    assert [j.id for j in store.dlq_list()] == ids
+    assert store.dlq_requeue([ids[0]]) == [ids[0]]
+    row = store.get(ids[0])
+    assert row.state is JobState.QUEUED and row.attempts == 0
+    assert store.dlq_purge([ids[1]]) == 1 and store.get(ids[1]) is None
+    assert store.dlq_requeue() == [ids[2]]
+    assert store.dlq_list() == []
+
+
+def test_dlq_refuses_jobs_that_are_not_dead_and_changes_nothing(store):
+    dead = _dead(store, 1)[0]
+    alive = store.enqueue(job())
+    with pytest.raises(NotDead, match=str(alive)):
+        store.dlq_requeue([dead, alive])
+    with pytest.raises(JobNotFound, match="99999"):
+        store.dlq_purge([dead, 99999])
+    assert store.get(dead).state is JobState.DEAD
+
+
+def test_prune_deletes_only_old_done_jobs(store, clock):
+    old, young, queued = store.enqueue_many([job(), job(), job()])
+    a, b = claim(store, n=2)
+    store.ack([Ack(a.lease)])
+    clock.advance(100)
+    store.ack([Ack(b.lease)])
+    clock.advance(10)
+    assert store.prune(older_than=50) == 1
+    assert store.get(old) is None and store.get(young) is not None
+    assert store.get(queued) is not None
+
+
+def test_stats_per_pool(store, clock):
+    store.enqueue_many([job(), job(), job(delay=60), job(pool="other", kind="x")])
+    clock.advance(7)
+    store.enqueue(job())
+    (c,) = claim(store)
+    store.ack([Ack(c.lease)])
+    _dead(store, 1)
+    st = store.stats(["bulk", "other", "empty"])
+    bulk = st["bulk"]
+    assert (bulk.ready, bulk.scheduled, bulk.leased, bulk.done, bulk.dead) == (2, 1, 0, 1, 1)
+    assert bulk.oldest_ready_age == pytest.approx(7.0)
+    assert st["other"].ready == 1 and st["empty"].ready == 0
+    assert st["empty"].oldest_ready_age == 0.0
+
+
+def test_nodes_register_heartbeat_and_list(store, clock):
+    store.register_node(node_id="h1-1", hostname="h1", pid=1, fleet="f")
+    clock.advance(3)
+    store.node_heartbeat("h1-1", state="draining", snapshot='{"x": 1}')
+    clock.advance(2)
+    (node,) = store.list_nodes()
+    assert node["state"] == "draining" and node["snapshot"] == '{"x": 1}'
+    assert node["age"] == pytest.approx(2.0)
+
+
+def test_reopen_keeps_data_and_migrations_are_idempotent(store, db_url, clock):
+    jid = store.enqueue(job())
+    again = open_store(db_url, clock)
+    try:
+        assert again.get(jid) is not None and again.migrate() == store.migrate()
+    finally:
+        again.close()
+
+
+def test_a_newer_schema_is_refused(store, db_url):
+    from sqlalchemy import insert
+
+    from supervisor.store.schema import schema_version
+
+    with store.engine.begin() as conn:
+        conn.execute(insert(schema_version).values(version=999, applied_at=0))
+    with pytest.raises(StoreError, match="newer than this fleetd knows"):
+        open_store(db_url)
+
+
+@pytest.mark.postgres
+def test_postgres_uses_database_time():
+    with postgres_schema_url() as url:
+        s = open_store(url)  # no injected clock: the database's now() is the clock
+        try:
+            s.enqueue(job())
+            (c,) = claim(s, lease=30)
+            assert c.locked_until - s.now() == pytest.approx(30, abs=2)
+        finally:
+            s.close()
+
+
+def test_unreachable_or_bad_urls_raise_one_line_errors(tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        open_store(f"sqlite:///{tmp_path}/missing/x.db")
+    with pytest.raises(StoreError, match="in-memory"):
+        open_store("sqlite:///:memory:")
+    with pytest.raises(StoreError, match="not a database URL"):
+        open_store("nonsense")
+    with pytest.raises(StoreError, match="cannot open database") as err:
+        open_store("postgresql://nobody@127.0.0.1:1/none")
+    assert "\n" not in str(err.value)
+
+
+def test_fake_clock_cannot_go_back():
+    with pytest.raises(ValueError):
+        FakeClock().advance(-1)
