@@ -1,0 +1,736 @@
+"""fleet.toml -> frozen, typed ``FleetConfig`` and ``PoolConfig``.
+
+Why pydantic: one declarative schema (the field declarations below) yields the validation, the
+defaults and the documented example (``example_toml()`` renders conf/fleet.example.toml from the
+field descriptions), and ``extra="forbid"`` rejects unknown keys instead of ignoring a typo.
+Pydantic stays behind this module: its ValidationError is translated here, once, into a one-line
+``ConfigError``::
+
+    <file>: <key path>: <the bad value's repr and what was wrong> (expected <what>)
+
+Values go through ``supervisor.units``, so "250ms", "512MiB" and "80%" mean the same here as on
+the command line. Everything is checked at load; nothing is read from the environment at import.
+The models are frozen; their mappings are plain dicts that nobody may mutate.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from supervisor import units
+from supervisor.errors import ConfigError, UnknownKind
+
+__all__ = [
+    "FleetConfig",
+    "MemoryBudget",
+    "PoolConfig",
+    "example_toml",
+    "load_config",
+    "parse_config",
+]
+
+_MiB = 2**20
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_URL = re.compile(r"(?P<dialect>sqlite|postgresql)(?:\+[A-Za-z0-9_]+)?://(?P<rest>.*)", re.DOTALL)
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Problem(ValueError):
+    """A validation error that knows a finer key path than the field it was raised for."""
+
+    def __init__(self, message: str, at: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.at = at
+
+
+class _Unit:
+    """Annotation marker: how example_toml() writes a default back ("duration", "size")."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+# ---- value checks: each returns the parsed value or raises ValueError with a one-line text ----
+
+
+def _duration(value: Any) -> float:
+    seconds = units.parse_duration(value)
+    if seconds <= 0:
+        expected = f"a duration above zero, {units.DURATION_EXPECTED}"
+        raise ValueError(f"{value!r} is zero (expected {expected})")
+    return seconds
+
+
+def _size(value: Any) -> int:
+    size = units.parse_size(value)
+    if size <= 0:
+        raise ValueError(f"{value!r} is zero (expected a size above zero, {units.SIZE_EXPECTED})")
+    return size
+
+
+def _fraction(value: Any) -> float:
+    fraction = units.parse_percent(value)
+    if fraction <= 0:
+        raise ValueError(f"{value!r} is zero (expected {units.PERCENT_EXPECTED}, above zero)")
+    return fraction
+
+
+def _count(minimum: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        expected = f"(expected an integer >= {minimum})"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{value!r} is not an integer {expected}")
+        if value < minimum:
+            raise ValueError(f"{value!r} is too small {expected}")
+        return value
+
+    return check
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """TOML has no null: ``false`` switches an optional limit off."""
+    return lambda value: None if value is None or value is False else check(value)
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in options:
+            raise ValueError(
+                f"{value!r} is not allowed (expected {' or '.join(map(repr, options))})"
+            )
+        return value
+
+    return check
+
+
+def _text(pattern: str, expected: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or not re.fullmatch(pattern, value):
+            raise ValueError(f"{value!r} is not valid (expected {expected})")
+        return value
+
+    return check
+
+
+def _handler(value: Any) -> str:
+    """Only the form: importing the handler is workers.handlers' job, before the fork."""
+    module, _, function = value.partition(":") if isinstance(value, str) else ("", "", "")
+    parts = [*module.split("."), function]
+    if not all(part.isidentifier() for part in parts):
+        expected = 'a "module:function" reference such as "app.jobs:reindex"'
+        raise ValueError(f"{value!r} is not a handler (expected {expected})")
+    return value
+
+
+def _kind_table(value: Any) -> Any:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is not a table (expected {{ kind = ... }})")
+    for kind in value:
+        if not kind or any(c.isspace() or not c.isprintable() for c in kind):
+            raise _Problem(f"{kind!r} is not a job kind (expected a name without spaces)", (kind,))
+    return value
+
+
+def _handler_table(value: Any) -> Any:
+    if _kind_table(value) == {}:
+        raise ValueError('no handlers (expected { kind = "module:function", ... })')
+    return value
+
+
+def _address(value: Any) -> str:
+    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not host.strip("[]") or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f'{value!r} is not a host:port address (expected e.g. "127.0.0.1:9464")')
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(_duration), _Unit("duration")]
+Size = Annotated[int, BeforeValidator(_size), _Unit("size")]
+OptSize = Annotated[int | None, BeforeValidator(_optional(_size)), _Unit("size")]
+Count = Annotated[int, BeforeValidator(_count(0))]
+Positive = Annotated[int, BeforeValidator(_count(1))]
+OptPositive = Annotated[int | None, BeforeValidator(_optional(_count(1)))]
+Name = Annotated[str | None, BeforeValidator(_optional(_text(r"\S+", "a name")))]
+Handlers = Annotated[
+    dict[str, Annotated[str, BeforeValidator(_handler)]], BeforeValidator(_handler_table)
+]
+KindCaps = Annotated[dict[str, Positive], BeforeValidator(_kind_table)]
+
+
+def _key(default: Any, about: str, *, example: Any = None, derived: str = "", **kw: Any) -> Any:
+    """A documented key: ``about`` and ``example`` feed example_toml(); ``derived`` says what a
+    computed default stands for (it is then shown commented out, with ``example``)."""
+    examples = None if example is None else [example]
+    extra = {"derived": derived} if derived else None
+    return Field(default, description=about, examples=examples, json_schema_extra=extra, **kw)
+
+
+def _shape(**kw: Any) -> Any:
+    """A field filled from the file's shape (its path, the [pools.NAME] tables), not a key."""
+    return Field(json_schema_extra={"shape": True}, **kw)
+
+
+class MemoryBudget(BaseModel):
+    """RSS this host's workers may use, all pools together: a fraction of the host's memory (or of
+    the container's limit) or an absolute number of bytes. Exactly one of the two is set."""
+
+    model_config = _FROZEN
+    fraction: float | None = None
+    size: int | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> MemoryBudget:
+        if (self.fraction is None) == (self.size is None):
+            raise ValueError("a memory budget is a fraction or a size (expected exactly one)")
+        return self
+
+    @classmethod
+    def parse(cls, value: Any) -> MemoryBudget:
+        """``"80%"`` -> a fraction, ``"4GiB"`` or a number of bytes -> a size."""
+        if isinstance(value, MemoryBudget):
+            return value
+        if isinstance(value, str) and value.strip().endswith("%"):
+            return cls(fraction=_fraction(value))
+        try:
+            return cls(size=_size(value))
+        except ValueError:
+            expected = 'a percentage such as "80%" or a size such as "4GiB"'
+            raise ValueError(f"{value!r} is not a memory budget (expected {expected})") from None
+
+    def bytes_of(self, total_bytes: int) -> int:
+        """The budget in bytes on a host (or container) with ``total_bytes`` of memory. An
+        absolute budget is returned as configured, even above ``total_bytes``."""
+        if self.size is not None:
+            return self.size
+        return int(total_bytes * (self.fraction or 0.0))
+
+    def __str__(self) -> str:
+        if self.size is not None:
+            return units.format_size(self.size)
+        return f"{(self.fraction or 0.0) * 100:g}%"
+
+
+class PoolConfig(BaseModel):
+    """One ``[pools.NAME]`` table: the kinds the pool runs, its workers, and the limits that keep
+    a hostile job from taking the pool down. Durations are seconds, sizes are bytes.
+
+    To add a key: declare a field with a default and a one-line description (example_toml()
+    documents it), and a field validator when it depends on another key declared above it."""
+
+    model_config = _FROZEN
+
+    name: Annotated[str, BeforeValidator(_text(_IDENTIFIER.pattern, "a pool name"))] = _shape()
+    handlers: Handlers = _key(..., 'job kind = "module:function"; each kind in exactly one pool')
+    min_workers: Count = _key(1, "workers kept running even when the pool is idle")
+    max_workers: Positive = _key(4, "at most this many workers on this host")
+    bound: Annotated[str, BeforeValidator(_choice("cpu", "io"))] = _key(
+        "cpu", '"cpu": each worker counts against the cores; "io": it does not'
+    )
+    memory_limit: OptSize = _key(
+        512 * _MiB, "a worker whose RSS passes this in a job is stopped; false: no limit"
+    )
+    job_memory: Size = _key(200 * _MiB, "expected peak RSS of one job, for sizing until measured")
+    timeout: Duration = _key(60.0, "wall-clock limit per job (error_kind timeout)")
+    soft_timeout: Annotated[float, BeforeValidator(units.parse_duration), _Unit("duration")] = _key(
+        0.0, "SIGTERM this long before SIGKILL when a job is stopped; 0: SIGKILL at once"
+    )
+    lease: Duration = _key(60.0, "how long a claim holds a job before it must be extended")
+    # The 20s default stands for lease / 3, which _default_heartbeat fills in.
+    heartbeat: Duration = _key(
+        20.0, "how often leases are extended; below lease", example="20s", derived="lease / 3"
+    )
+    max_lease_extensions: Count = _key(30, "a job whose lease needs more is stopped (timeout)")
+    max_deliveries: Positive = _key(3, "deliveries before a job is dead-lettered")
+    retry_backoff: Duration = _key(1.0, "first retry delay; doubles, with full jitter")
+    retry_backoff_max: Duration = _key(600.0, "the longest retry delay")
+    retry_budget: Annotated[float | None, BeforeValidator(_optional(_fraction))] = _key(
+        None, "retries may be at most this share of the pool's deliveries", example="10%"
+    )
+    latency_target: Duration = _key(300.0, "backlog-age objective: the oldest job's age to keep")
+    max_inflight: OptPositive = _key(
+        None, "fleet-wide cap on this pool's running jobs, all hosts together", example=50
+    )
+    tenant_max_inflight: OptPositive = _key(
+        None, "fleet-wide cap on one tenant's running jobs in this pool", example=10
+    )
+    kind_max_inflight: KindCaps = Field(
+        default_factory=dict,
+        description="fleet-wide cap per kind of this pool, e.g. { render = 5 }",
+    )
+    max_jobs_per_worker: OptPositive = _key(
+        1000, "a worker is replaced after this many jobs; false: never"
+    )
+    recycle_rss: OptSize = _key(
+        None, "a worker whose RSS stays above this after a job is replaced", example="400MiB"
+    )
+    prefetch: Count = _key(0, "jobs claimed ahead of idle workers (each holds a lease meanwhile)")
+    user: Name = _key(
+        None, "run workers as this user (fleetd must start as root)", example="fleetd"
+    )
+    group: Name = _key(None, "run workers with this group", example="fleetd")
+    nproc_limit: OptPositive = _key(
+        None, "RLIMIT_NPROC for workers: fork bombs stop there", example=256
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_heartbeat(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("heartbeat") is None:
+            try:
+                lease = _duration(data.get("lease", 60.0))
+            except ValueError:
+                return data  # the lease field reports its own error
+            return {**data, "heartbeat": lease / 3}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PoolConfig:
+        # After the fields, not in field validators: a default is not validated, and
+        # min_workers = 5 must still be checked against the default max_workers of 4.
+        _ordered(self, "min_workers", "max_workers", strict=False)
+        _ordered(self, "heartbeat", "lease", strict=True)
+        _ordered(self, "retry_backoff", "retry_backoff_max", strict=False)
+        for kind in self.kind_max_inflight:
+            if kind not in self.handlers:
+                known = ", ".join(map(repr, self.handlers))
+                message = f"{kind!r} is not a kind of this pool (expected one of {known})"
+                raise _Problem(message, ("kind_max_inflight", kind))
+        return self
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The job kinds this pool runs, in the file's order."""
+        return tuple(self.handlers)
+
+
+def _ordered(pool: PoolConfig, low: str, high: str, *, strict: bool) -> None:
+    """``low`` must be below ``high`` (or at most, unless ``strict``). The error names the key
+    the user typed: with ``retry_backoff_max = "500ms"`` alone, blaming the default
+    retry_backoff would point at a line that is not in the file."""
+    a, b = getattr(pool, low), getattr(pool, high)
+    if (a < b) if strict else (a <= b):
+        return
+    relation, too_high, too_low = (
+        ("<", "is not below", "is not above") if strict else ("<=", "is above", "is below")
+    )
+    expected = f"(expected {low} {relation} {high})"
+    show = units.format_duration if isinstance(a, float) else int
+    if high in pool.model_fields_set and low not in pool.model_fields_set:
+        raise _Problem(f"{show(b)!r} {too_low} {low} {show(a)!r} {expected}", (high,))
+    raise _Problem(f"{show(a)!r} {too_high} {high} {show(b)!r} {expected}", (low,))
+
+
+# ---- the fleet: [fleet] keys plus the pools ----
+
+
+def _environ(info: ValidationInfo) -> Mapping[str, str]:
+    environ = (info.context or {}).get("environ")
+    return os.environ if environ is None else environ
+
+
+def _folder(info: ValidationInfo) -> Path:
+    """Relative paths in the file resolve against the file's folder, not the working directory:
+    systemd and Kubernetes start fleetd from wherever they like."""
+    path = info.data.get("path")
+    return path.parent if path is not None else Path(os.path.abspath("."))
+
+
+def _under(folder: Path, path: str | Path) -> Path:
+    # abspath, not resolve(): it normalises ".." without following symlinks, so a deploy's
+    # "current -> releases/42" stays as the operator wrote it.
+    return Path(os.path.abspath(folder / path))
+
+
+def _expand(raw: str, environ: Mapping[str, str]) -> str:
+    def lookup(match: re.Match[str]) -> str:
+        name = match[1]
+        if name not in environ:
+            message = f"{raw!r} uses the environment variable {name}, which is not set"
+            raise ValueError(f"{message} (expected {name} in the environment)")
+        return environ[name]
+
+    return _ENV_VAR.sub(lookup, raw)
+
+
+def _database_url(raw: Any, folder: Path, environ: Mapping[str, str]) -> str:
+    """Expand ``${VAR}``, check the dialect, make a relative SQLite path absolute. Messages show
+    the value as typed, never the expanded one: it may carry a password."""
+    expected = 'a SQLAlchemy URL such as "sqlite:///fleetd.db" or "postgresql://host/db"'
+    if not isinstance(raw, str):
+        raise ValueError(f"{raw!r} is not a database URL (expected {expected})")
+    url = _expand(raw, environ)
+    match = _URL.fullmatch(url)
+    if match is None:
+        expanded = " once expanded" if url != raw else ""
+        raise ValueError(f"{raw!r} is not a database URL{expanded} (expected {expected})")
+    if match["dialect"] != "sqlite":
+        return url
+    return _sqlite_url(raw, url[: url.index("://")], match["rest"], folder)
+
+
+def _sqlite_url(raw: str, scheme: str, rest: str, folder: Path) -> str:
+    # "sqlite:///x.db" leaves rest "/x.db" (relative); "sqlite:////abs/x.db" leaves "//abs/x.db".
+    file, query = rest[1:].partition("?")[::2] if rest.startswith("/") else ("", "")
+    if file in ("", ":memory:") or "mode=memory" in query:
+        expected = 'a file, e.g. "sqlite:///fleetd.db": every fleetd process must share it'
+        raise ValueError(f"{raw!r} is not a database file (expected {expected})")
+    if not file.startswith("file:"):  # URI filenames are passed through as written
+        file = str(_under(folder, file))
+    return f"{scheme}:///{file}" + (f"?{query}" if query else "")
+
+
+def _python_path(value: Any, folder: Path) -> tuple[Path, ...]:
+    if not isinstance(value, list | tuple):
+        raise ValueError(f'{value!r} is not a list of folders (expected e.g. [".", "src"])')
+    for index, entry in enumerate(value):
+        if not isinstance(entry, str | Path) or not str(entry):
+            raise _Problem(f"{entry!r} is not a folder (expected a path string)", (index,))
+    return tuple(_under(folder, entry) for entry in value)
+
+
+def _named_pool(name: Any, table: Any) -> Any:
+    """A pool table with its name filled in from ``[pools.NAME]``."""
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+        expected = f"a pool name matching {_IDENTIFIER.pattern}"
+        raise _Problem(f"{name!r} is not a pool name (expected {expected})", (name,))
+    if isinstance(table, PoolConfig) and table.name == name:
+        return table
+    if not isinstance(table, Mapping):
+        raise _Problem(f"{table!r} is not a table (expected a [pools.{name}] table)", (name,))
+    if "name" in table:  # the table's own name: typing it again could only disagree
+        raise _Problem(_unknown_key("name", _keys(PoolConfig)), (name, "name"))
+    return {**table, "name": name}
+
+
+class FleetConfig(BaseModel):
+    """A validated fleet.toml: the ``[fleet]`` keys and the pools, in the file's order. Paths are
+    absolute and the database URL fully resolved, so nothing depends on the working directory."""
+
+    model_config = _FROZEN
+
+    path: Annotated[Path, AfterValidator(lambda p: Path(os.path.abspath(p)))] = _shape()
+    name: Annotated[str, BeforeValidator(_text(r"[A-Za-z0-9_.-]+", "letters, digits, _.-"))] = _key(
+        ...,
+        "the fleet's name in logs, metrics and status",
+        example="fleet",
+        derived="the file's name",
+    )
+    database: str = _key(
+        "sqlite:///fleetd.db",
+        'SQLAlchemy URL; SQLite paths are relative to this file; "${VAR}" reads the environment',
+        validate_default=True,
+    )
+    python_path: tuple[Path, ...] = _key(
+        (".",),
+        "folders put on sys.path to import handlers, relative to this file",
+        validate_default=True,
+    )
+    grace_period: Duration = _key(30.0, "on SIGTERM or SIGINT, how long running jobs may finish")
+    metrics: Annotated[str | None, BeforeValidator(_optional(_address))] = _key(
+        None, '"host:port" serving /metrics and /healthz', example="127.0.0.1:9464"
+    )
+    memory_budget: Annotated[MemoryBudget, BeforeValidator(MemoryBudget.parse)] = _key(
+        MemoryBudget(fraction=0.8), "RSS all workers here may use: a share of memory, or a size"
+    )
+    retention: Duration = _key(7 * 86400.0, "done jobs are pruned after this long")
+    log_format: Annotated[str, BeforeValidator(_choice("human", "json"))] = _key(
+        "human", '"human", or "json" for one JSON object a line'
+    )
+    pools: Mapping[str, PoolConfig] = _shape(default_factory=dict, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "name" not in data and data.get("path") is not None:
+            return {**data, "name": Path(data["path"]).stem}
+        return data
+
+    @field_validator("database", mode="before")
+    @classmethod
+    def _resolve_database(cls, value: Any, info: ValidationInfo) -> str:
+        return _database_url(value, _folder(info), _environ(info))
+
+    @field_validator("python_path", mode="before")
+    @classmethod
+    def _resolve_python_path(cls, value: Any, info: ValidationInfo) -> tuple[Path, ...]:
+        return _python_path(value, _folder(info))
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _name_pools(cls, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{value!r} is not a table (expected [pools.NAME] tables)")
+        if not value:
+            raise ValueError("no pools (expected at least one [pools.NAME] table with handlers)")
+        return {name: _named_pool(name, table) for name, table in value.items()}
+
+    @field_validator("pools")
+    @classmethod
+    def _one_pool_per_kind(cls, pools: Mapping[str, PoolConfig]) -> Mapping[str, PoolConfig]:
+        owner: dict[str, str] = {}
+        for pool in pools.values():
+            for kind in pool.handlers:
+                if kind in owner:
+                    message = (
+                        f"{kind!r} is handled by pool {owner[kind]!r} and by pool {pool.name!r} "
+                        "(expected each kind in exactly one pool)"
+                    )
+                    raise _Problem(message, (pool.name, "handlers", kind))
+                owner[kind] = pool.name
+        return pools
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Every kind this fleet runs, pool by pool in the file's order."""
+        return tuple(kind for pool in self.pools.values() for kind in pool.handlers)
+
+    def pool_for_kind(self, kind: str) -> PoolConfig:
+        """The pool that runs ``kind``; UnknownKind (listing the known kinds) if none does."""
+        # A scan, not a cached index: a handful of pools, and model_copy() cannot leave it stale.
+        for pool in self.pools.values():
+            if kind in pool.handlers:
+                return pool
+        known = ", ".join(map(repr, self.kinds))
+        raise UnknownKind(f"{self.path.name}: no pool handles kind {kind!r} (known: {known})")
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """``metrics`` split for bind(): ("127.0.0.1", 9464); IPv6 brackets removed."""
+        if self.metrics is None:
+            return None
+        host, _, port = self.metrics.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+# ---- loading, and turning every failure into one line ----
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> FleetConfig:
+    """Read and validate a fleet.toml. ``environ`` (default ``os.environ``) supplies ``${VAR}``
+    in the database URL. Any problem raises a one-line ConfigError naming file and key."""
+    label = str(path)
+    try:
+        with open(path, "rb") as file:
+            data = tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigError(label, "", "no such file (expected the path of a fleet.toml)") from None
+    except OSError as exc:
+        raise ConfigError(label, "", f"cannot be read: {exc.strerror} (expected a file)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(label, "", "is not UTF-8 text (expected a TOML file)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise _toml_error(label, exc) from None
+    return _build(data, Path(path), label, environ)
+
+
+def parse_config(
+    text: str, path: str | Path, environ: Mapping[str, str] | None = None
+) -> FleetConfig:
+    """As load_config, from TOML text; ``path`` names the file for relative paths and errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _toml_error(str(path), exc) from None
+    return _build(data, Path(path), str(path), environ)
+
+
+def _toml_error(label: str, exc: tomllib.TOMLDecodeError) -> ConfigError:
+    # tomllib says e.g. "Invalid value (at line 3, column 10)"; keep it, moved to the front.
+    text = str(exc)
+    match = re.search(r"\s*\(at line (\d+), column (\d+)\)$", text)
+    where = f"line {match[1]}, column {match[2]}" if match else ""
+    what = text[: match.start()] if match else text.replace(" (at end of document)", "")
+    return ConfigError(label, where, f"invalid TOML: {what[:1].lower()}{what[1:]}")
+
+
+def _build(
+    data: dict[str, Any], path: Path, label: str, environ: Mapping[str, str] | None
+) -> FleetConfig:
+    for key in data:
+        if key not in ("fleet", "pools"):
+            raise ConfigError(label, _key_path([key]), _unknown_key(key, ["fleet", "pools"]))
+    fleet = data.get("fleet", {})
+    if not isinstance(fleet, dict):
+        raise ConfigError(label, "fleet", f"{fleet!r} is not a table (expected a [fleet] table)")
+    for key in fleet:
+        if key not in _keys(FleetConfig):
+            raise ConfigError(
+                label, _key_path(["fleet", key]), _unknown_key(key, _keys(FleetConfig))
+            )
+    fields = {**fleet, "path": path, "pools": data.get("pools", {})}
+    try:
+        return FleetConfig.model_validate(fields, context={"environ": environ})
+    except ValidationError as exc:
+        raise _translate(label, exc) from None
+
+
+def _translate(label: str, exc: ValidationError) -> ConfigError:
+    """The first of pydantic's errors as one ConfigError line; its loc becomes the key path as
+    the user would write it (``pools.bulk.timeout``, ``fleet.database``)."""
+    error = exc.errors(include_url=False)[0]
+    loc: list[str | int] = list(error["loc"])
+    model: type[BaseModel] = PoolConfig if loc[:1] == ["pools"] else FleetConfig
+    if error["type"] == "value_error":
+        problem = error["ctx"]["error"]
+        loc += getattr(problem, "at", ())
+        message = str(problem)
+    elif error["type"] == "extra_forbidden":
+        message = _unknown_key(str(loc[-1]), _keys(model))
+    elif error["type"] == "missing":
+        field = model.model_fields.get(str(loc[-1]))
+        about = field.description if field is not None else "a value"
+        message = f"missing (expected {about})"
+    else:  # a shape our validators do not check first; pydantic's msg is short and URL-free
+        message = f"{error['input']!r} is not valid: {error['msg']}"
+    key = _key_path(loc if loc[:1] == ["pools"] else ["fleet", *loc])
+    return ConfigError(label, key, " ".join(message.split()))
+
+
+def _key_path(parts: list[str | int]) -> str:
+    """``["pools", "bulk", "handlers", "pdf.render"]`` -> ``pools.bulk.handlers."pdf.render"``."""
+    path = ""
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            segment = part if _BARE_KEY.fullmatch(part) else json.dumps(part)
+            path += f".{segment}" if path else segment
+    return path
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    """The keys a user may type for ``model``, in schema order."""
+    return [name for name, field in model.model_fields.items() if not _meta(field).get("shape")]
+
+
+def _unknown_key(key: str, known: list[str]) -> str:
+    # difflib catches typos ("memry_limit"); the substring test catches a short form ("grace").
+    close = difflib.get_close_matches(key, known, n=1) or [k for k in known if key in k][:1]
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown key ({hint}known: {', '.join(known)})"
+
+
+def _meta(field: Any) -> dict[str, Any]:
+    extra = field.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+# ---- the documented example, rendered from the schema ----
+
+_HEADER = [
+    "# fleetd configuration: every key, with its default and what it does.",
+    '# Durations are "250ms", "30s", "5m", "1h", "7d" or a number of seconds; sizes are "512MiB",',
+    '# "2GiB", "500MB" or a number of bytes. Keys commented out have no default or a computed one;',
+    "# false switches an optional limit off. Generated by supervisor.config.example_toml().",
+    "",
+]
+_EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bulk": (
+        "Heavy batch work. This table shows every pool key with its default.",
+        {"handlers": {"reindex": "app.jobs:reindex", "render": "app.pdf:render"}},
+    ),
+    "interactive": (
+        "Short jobs someone waits for, mostly waiting on other services.",
+        {
+            "handlers": {"thumbnail": "app.images:thumbnail", "enrich": "app.enrich:call_api"},
+            **{"bound": "io", "min_workers": 2, "max_workers": 8, "timeout": "10s"},
+            **{"lease": "30s", "latency_target": "5s", "retry_backoff_max": "30s"},
+            **{"max_inflight": 50, "tenant_max_inflight": 10, "kind_max_inflight": {"enrich": 20}},
+        },
+    ),
+    "poison": (
+        "Untrusted input that may hang, leak or bomb: tight limits, one delivery, fresh workers.",
+        {
+            "handlers": {"parse_upload": "app.uploads:parse"},
+            **{"max_workers": 2, "memory_limit": "256MiB", "job_memory": "128MiB"},
+            **{"timeout": "10s", "soft_timeout": "2s", "max_deliveries": 1},
+            **{"max_jobs_per_worker": 1, "nproc_limit": 64},
+        },
+    ),
+}
+
+
+def example_toml() -> str:
+    """conf/fleet.example.toml: every key with its default and a one-line comment, from the
+    schema, and three example pools (bulk documents every key; the others show overrides)."""
+    lines = [*_HEADER, "[fleet]", *_documented(FleetConfig, {})]
+    for name, (about, values) in _EXAMPLE_POOLS.items():
+        lines += ["", f"# {about}", f"[pools.{name}]"]
+        lines += _documented(PoolConfig, values) if name == "bulk" else _overrides(values)
+    return "\n".join(lines) + "\n"
+
+
+def _documented(model: type[BaseModel], values: dict[str, Any]) -> list[str]:
+    lines = []
+    for key in _keys(model):
+        field = model.model_fields[key]
+        meta = _meta(field)
+        derived = f"; default {meta['derived']}" if "derived" in meta else ""
+        lines.append(f"# {field.description}{derived}")
+        if key in values:
+            lines.append(f"{key} = {_literal(values[key])}")
+        elif "derived" in meta or field.get_default(call_default_factory=True) is None:
+            lines.append(f"# {key} = {_literal(field.examples[0])}")
+        else:
+            lines.append(f"{key} = {_default(field)}")
+    return lines
+
+
+def _overrides(values: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, value in values.items():
+        field = PoolConfig.model_fields[key]
+        line = f"{key} = {_literal(value)}"
+        if not field.is_required():
+            line += f"  # default {_meta(field).get('derived') or _default(field)}"
+        lines.append(line)
+    return lines
+
+
+def _default(field: Any) -> str:
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return "none"
+    unit = next((m.name for m in field.metadata if isinstance(m, _Unit)), "")
+    if unit == "duration":
+        value = units.format_duration(value)
+    elif unit == "size":
+        value = units.format_size(value)
+    return _literal(value)
+
+
+def _literal(value: Any) -> str:
+    """A TOML literal for ``value``; json.dumps quoting is valid TOML for basic strings."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | MemoryBudget | Path):
+        return json.dumps(str(value))
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{_key_path([k])} = {_literal(v)}" for k, v in value.items())
+        return f"{{ {items} }}" if items else "{}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    raise TypeError(f"no TOML literal for {value!r}")
