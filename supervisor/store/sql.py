@@ -229,11 +229,11 @@ class SqlStore:
             update(jobs)
             .where(jobs.c.state == LEASED, _lease_match(leases))
             .values(locked_until=self._now() + lease, extensions=jobs.c.extensions + 1)
-            .returning(jobs.c.id)
+            .returning(jobs.c.id, jobs.c.lease_token)
         )
         with self._auto() as conn:
-            kept = set(conn.execute(stmt).scalars())
-        return [lease_ for lease_ in leases if lease_.job_id not in kept]
+            kept = {Lease(r.id, r.lease_token) for r in conn.execute(stmt)}
+        return [lease_ for lease_ in leases if lease_ not in kept]
 
     def ack(self, acks: Sequence[Ack]) -> list[Lease]:
         """Mark jobs done with their results; return the leases that were no longer ours
@@ -269,19 +269,21 @@ class SqlStore:
                     "b_duration": a.duration,
                 }
                 for a in acks
-                if a.lease.job_id in owned
+                if a.lease in owned
             ]
             if params:
                 conn.execute(stmt, params)
-        return [a.lease for a in acks if a.lease.job_id not in owned]
+        return [a.lease for a in acks if a.lease not in owned]
 
-    def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[int]:
-        """The ids among ``leases`` still leased under that token, locked for this transaction
-        (SQLite's write lock is already held; PostgreSQL locks the rows)."""
+    def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
+        """Those of ``leases`` still valid (job leased under that token), their rows locked for
+        this transaction (SQLite's write lock is already held; PostgreSQL locks the rows)."""
         query = (
-            select(jobs.c.id).where(jobs.c.state == LEASED, _lease_match(leases)).with_for_update()
+            select(jobs.c.id, jobs.c.lease_token)
+            .where(jobs.c.state == LEASED, _lease_match(leases))
+            .with_for_update()
         )
-        return set(conn.execute(query).scalars())
+        return {Lease(r.id, r.lease_token) for r in conn.execute(query)}
 
     def fail(self, failures: Sequence[Failure]) -> FailOutcome:
         """Record failed deliveries: retry after ``retry_delay`` while attempts remain,

@@ -1,0 +1,201 @@
+"""A property test of the lease state machine: random sequences of enqueue, claim, extend,
+ack, fail, release, reap and clock moves, on each engine, checked against a small model after
+every step.
+
+Invariants: no job is lost; a job never has two valid leases (a lease is valid only while it is
+the latest one issued for a leased job); attempts never decrease except by exactly one on a
+release; a job is dead only when attempts reached max_deliveries or it failed permanently;
+release never counts a delivery; every verb reports exactly the leases it could not use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from sqlalchemy import delete
+
+from supervisor.clock import FakeClock
+from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob
+from supervisor.store.schema import jobs
+
+POOL, KINDS, LEASE = "p", {"k"}, 10.0
+
+
+@dataclass
+class Expected:
+    state: JobState
+    attempts: int
+    max_deliveries: int
+    priority: int
+    available_at: float
+    token: str | None = None  # the valid lease, when leased
+    locked_until: float = 0.0
+    permanent: bool = False
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    store = None  # set by the test
+    clock: FakeClock
+
+    @initialize()
+    def reset(self) -> None:
+        with self.store.engine.begin() as conn:
+            conn.execute(delete(jobs))
+        self.clock = self.store._clock
+        self.model: dict[int, Expected] = {}
+        self.issued: list[Lease] = []  # every lease ever handed out, stale ones included
+        self.tokens: set[str] = set()
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def valid(self, lease: Lease) -> bool:
+        e = self.model[lease.job_id]
+        return e.state is JobState.LEASED and e.token == lease.token
+
+    @rule(
+        n=st.integers(1, 4),
+        priority=st.integers(0, 2),
+        delay=st.sampled_from([0, 0, 5]),
+        max_deliveries=st.integers(1, 3),
+    )
+    def enqueue(self, n: int, priority: int, delay: float, max_deliveries: int) -> None:
+        new = [
+            NewJob("k", POOL, json.dumps({"i": i}), max_deliveries, priority=priority, delay=delay)
+            for i in range(n)
+        ]
+        for jid in self.store.enqueue_many(new):
+            assert jid not in self.model
+            self.model[jid] = Expected(
+                JobState.QUEUED, 0, max_deliveries, priority, self.now() + delay
+            )
+
+    @rule(n=st.integers(1, 5))
+    def claim(self, n: int) -> None:
+        ready = sorted(
+            (e.priority * -1, e.available_at, jid)
+            for jid, e in self.model.items()
+            if e.state is JobState.QUEUED and e.available_at <= self.now()
+        )
+        expected = [jid for _, _, jid in ready[:n]]
+        got = self.store.claim(pool=POOL, kinds=KINDS, n=n, node="n", lease=LEASE)
+        assert [c.job_id for c in got] == expected
+        for c in got:
+            e = self.model[c.job_id]
+            assert c.lease.token not in self.tokens, "a lease token was handed out twice"
+            self.tokens.add(c.lease.token)
+            e.state, e.attempts, e.token = JobState.LEASED, e.attempts + 1, c.lease.token
+            e.locked_until = self.now() + LEASE
+            assert c.attempt == e.attempts
+            self.issued.append(c.lease)
+
+    def pick(self, data: st.DataObject) -> list[Lease]:
+        return data.draw(st.lists(st.sampled_from(self.issued), max_size=4, unique=True))
+
+    @precondition(lambda self: self.issued)
+    @rule(data=st.data())
+    def extend(self, data: st.DataObject) -> None:
+        leases = self.pick(data)
+        lost = self.store.extend(leases, lease=LEASE)
+        assert lost == [x for x in leases if not self.valid(x)]
+        for x in leases:
+            if self.valid(x):
+                self.model[x.job_id].locked_until = self.now() + LEASE
+
+    @precondition(lambda self: self.issued)
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        leases = self.pick(data)
+        lost = self.store.ack([Ack(x, json.dumps(x.token)) for x in leases])
+        assert lost == [x for x in leases if not self.valid(x)]
+        for x in leases:
+            if x not in lost:
+                self.model[x.job_id].state = JobState.DONE
+
+    @precondition(lambda self: self.issued)
+    @rule(data=st.data(), permanent=st.booleans(), delay=st.sampled_from([0.0, 3.0]))
+    def fail(self, data: st.DataObject, permanent: bool, delay: float) -> None:
+        leases = self.pick(data)
+        failures = [
+            Failure(x, ErrorKind.EXCEPTION, "boom", None if permanent else delay) for x in leases
+        ]
+        out = self.store.fail(failures)
+        assert list(out.lost) == [x for x in leases if not self.valid(x)]
+        for x in leases:
+            if x in out.lost:
+                continue
+            e = self.model[x.job_id]
+            if permanent or e.attempts >= e.max_deliveries:
+                e.state, e.permanent = JobState.DEAD, permanent
+                assert x.job_id in out.dead
+            else:
+                e.state, e.available_at = JobState.QUEUED, self.now() + delay
+                assert x.job_id in out.retried
+
+    @precondition(lambda self: self.issued)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        leases = self.pick(data)
+        released = self.store.release(leases)
+        assert released == sorted(x.job_id for x in leases if self.valid(x))
+        for jid in released:
+            e = self.model[jid]
+            e.state, e.attempts, e.available_at = JobState.QUEUED, e.attempts - 1, self.now()
+
+    @rule()
+    def reap(self) -> None:
+        out = self.store.reap()
+        for jid, e in self.model.items():
+            if e.state is JobState.LEASED and e.locked_until < self.now():
+                if e.attempts >= e.max_deliveries:
+                    e.state = JobState.DEAD
+                    assert jid in out.dead
+                else:
+                    e.state, e.available_at = JobState.QUEUED, self.now()
+                    assert jid in out.requeued
+        assert out.count == len(set(out.dead) | set(out.requeued))
+
+    @rule(seconds=st.sampled_from([1.0, 4.0, 11.0]))
+    def tick(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @invariant()
+    def store_matches_model(self) -> None:
+        if not hasattr(self, "model"):
+            return
+        rows = {j.id: j for j in self.store.list_jobs(limit=10_000)}
+        assert set(rows) == set(self.model), "a job was lost or invented"
+        for jid, e in self.model.items():
+            row = rows[jid]
+            assert (row.state, row.attempts) == (e.state, e.attempts), jid
+            assert row.attempts >= 0
+            if row.state is JobState.DEAD:
+                assert e.permanent or row.attempts >= row.max_deliveries
+            if row.state is JobState.QUEUED:
+                assert row.available_at == e.available_at
+
+
+@pytest.mark.parametrize("examples", [40])
+def test_lease_state_machine(store, examples: int) -> None:
+    LeaseMachine.store = store
+    run_state_machine_as_test(
+        LeaseMachine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
