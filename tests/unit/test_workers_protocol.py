@@ -1,0 +1,195 @@
+"""The worker wire format: round trips, partial frames, oversize and malformed frames."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from workers import exitcodes, protocol
+from workers.protocol import (
+    FrameReader,
+    FrameTooLarge,
+    JobDone,
+    JobFailed,
+    Ping,
+    Pong,
+    ProtocolError,
+    Ready,
+    Recycling,
+    RunJob,
+    Shutdown,
+    Started,
+)
+
+ALL = [
+    RunJob(1234, "render", '{"doc": 42, "name": "é"}', 2, 1_900_000_000.5, "tok-1"),
+    Ping(7),
+    Shutdown(),
+    Ready(4321),
+    Started(1234),
+    JobDone(1234, '{"pages": 3}', 0.25, 104_857_600),
+    JobDone(1234, "null", 0.0, None),
+    JobFailed(1234, "memory_limit", "MemoryError: refused", "  File x, line 1", 1.5, 1 << 30),
+    Pong(7, 12_345_678),
+    Pong(8, None),
+    Recycling("max_jobs_per_worker reached (100 jobs)"),
+]
+
+
+def body(obj: dict) -> bytes:
+    """A frame around an arbitrary JSON object, to forge malformed messages."""
+    data = json.dumps(obj).encode()
+    return protocol.HEADER.pack(len(data)) + data
+
+
+@pytest.mark.parametrize("msg", ALL, ids=lambda m: type(m).__name__)
+def test_encode_decode_round_trip(msg: protocol.Message) -> None:
+    frame = protocol.encode(msg)
+    assert protocol.HEADER.unpack_from(frame)[0] == len(frame) - 4
+    assert protocol.decode(frame) == msg
+
+
+def test_frame_is_length_prefixed_json_with_version() -> None:
+    frame = protocol.encode(Ping(7))
+    assert frame[:4] == len(frame[4:]).to_bytes(4, "big")
+    assert json.loads(frame[4:]) == {"v": 1, "type": "Ping", "seq": 7}
+
+
+def test_float_fields_come_back_as_floats() -> None:
+    msg = protocol.decode(protocol.encode(JobDone(1, "null", 2, None)))  # type: ignore[arg-type]
+    assert isinstance(msg, JobDone) and isinstance(msg.duration, float)
+
+
+def test_reader_yields_messages_fed_one_byte_at_a_time() -> None:
+    stream = b"".join(protocol.encode(m) for m in ALL)
+    reader = FrameReader()
+    got = []
+    for i in range(len(stream)):
+        got.extend(reader.feed(stream[i : i + 1]))
+    assert got == ALL and reader.pending == 0
+
+
+def test_reader_yields_several_messages_from_one_chunk_and_keeps_the_partial_one() -> None:
+    stream = b"".join(protocol.encode(m) for m in ALL[:3])
+    reader = FrameReader()
+    assert reader.feed(stream + protocol.encode(Ping(9))[:6]) == ALL[:3]
+    assert reader.pending == 6
+    assert reader.feed(protocol.encode(Ping(9))[6:]) == [Ping(9)]
+
+
+def test_reader_rejects_an_oversize_frame_from_its_header_alone() -> None:
+    reader = FrameReader(max_size=1024)
+    with pytest.raises(FrameTooLarge):
+        reader.feed(protocol.HEADER.pack(1025))
+
+
+def test_encode_refuses_a_frame_over_the_limit() -> None:
+    with pytest.raises(FrameTooLarge):
+        protocol.encode(JobDone(1, json.dumps("x" * 2000), 0.0, None), max_size=1024)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        protocol.HEADER.pack(3) + b"{x}",
+        protocol.HEADER.pack(3) + b"\xff\xfe\x00",
+        body([1, 2]),  # type: ignore[arg-type]
+        body({"v": 2, "type": "Ping", "seq": 1}),
+        body({"type": "Ping", "seq": 1}),
+        body({"v": 1, "type": "Exec", "cmd": "rm"}),
+        body({"v": 1, "type": "Ping"}),
+        body({"v": 1, "type": "Ping", "seq": 1, "extra": 0}),
+        body({"v": 1, "type": "Ping", "seq": "1"}),
+        body({"v": 1, "type": "Ping", "seq": True}),
+        body({"v": 1, "type": "Pong", "seq": 1, "rss": 1.5}),
+        body({"v": 1, "type": "Started", "job_id": None}),
+        body(
+            {
+                "v": 1,
+                "type": "JobFailed",
+                "job_id": 1,
+                "error_kind": "timeout",
+                "message": "",
+                "traceback_tail": "",
+                "duration": 0,
+                "peak_rss": None,
+            }
+        ),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        FrameReader().feed(frame)
+    with pytest.raises(ProtocolError):
+        protocol.decode(frame)
+
+
+def test_decode_wants_exactly_one_frame() -> None:
+    frame = protocol.encode(Ping(1))
+    with pytest.raises(ProtocolError):
+        protocol.decode(frame[:-1])
+    with pytest.raises(ProtocolError):
+        protocol.decode(frame + b"x")
+
+
+def test_blocking_read_and_write_over_a_socketpair() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        big = JobDone(1, json.dumps("x" * 1_000_000), 0.1, None)  # > one socket buffer
+        for msg in (Ping(1), big):
+            pid = os.fork()
+            if pid == 0:  # a writer process, so a large frame cannot deadlock the test
+                try:
+                    protocol.write_frame(b.fileno(), msg)
+                finally:
+                    os._exit(0)
+            assert protocol.read_frame(a.fileno()) == msg
+            os.waitpid(pid, 0)
+        b.shutdown(socket.SHUT_WR)
+        assert protocol.read_frame(a.fileno()) is None  # EOF between frames
+
+
+def test_read_frame_eof_inside_a_frame_is_a_protocol_error() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(protocol.encode(Ping(1))[:5])
+        b.shutdown(socket.SHUT_WR)
+        with pytest.raises(ProtocolError):
+            protocol.read_frame(a.fileno())
+
+
+def test_read_frame_rejects_oversize_before_reading_the_body() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(protocol.HEADER.pack(protocol.MAX_FRAME + 1))
+        with pytest.raises(FrameTooLarge):
+            protocol.read_frame(a.fileno())
+
+
+def test_reader_read_from_nonblocking_fd() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        reader = FrameReader()
+        assert reader.read(a.fileno()) == []
+        b.sendall(protocol.encode(Ready(5)))
+        assert reader.read(a.fileno()) == [Ready(5)]
+        b.close()
+        assert reader.read(a.fileno()) is None
+
+
+def test_exit_codes_are_distinct_and_named() -> None:
+    codes = [
+        exitcodes.OK,
+        exitcodes.UNCAUGHT,
+        exitcodes.PARENT_GONE,
+        exitcodes.PROTOCOL_ERROR,
+        exitcodes.SETUP_FAILED,
+        exitcodes.RECYCLE,
+        exitcodes.INTERNAL_ERROR,
+    ]
+    assert len(set(codes)) == len(codes) and all(0 <= c < 128 for c in codes)
+    assert exitcodes.name(exitcodes.RECYCLE) == "RECYCLE" and exitcodes.name(3) is None

@@ -1,0 +1,33 @@
+"""Exceptions that cross the handler boundary: what a handler raises, what loading one raises."""
+
+from __future__ import annotations
+
+
+class Permanent(Exception):
+    """Raise from a handler to dead-letter the job at once: retrying cannot help.
+
+    Its message becomes the job's ``last_error`` and its ``error_kind`` is ``permanent``.
+    Anything else a handler raises is retried while deliveries remain.
+    """
+
+
+class HandlerImportError(Exception):
+    """A ``"module:function"`` handler spec could not be turned into a callable.
+
+    ``str()`` is one line naming the kind (when known), the spec and the cause, for example
+    ``handler 'render' ('app.pdf:render'): module 'app.pdf' not found``.
+    """
+
+    def __init__(self, spec: str, cause: str, kind: str | None = None) -> None:
+        self.spec = spec
+        self.cause = cause
+        self.kind = kind
+        super().__init__(spec, cause, kind)
+
+    def with_kind(self, kind: str) -> HandlerImportError:
+        """The same error, naming the kind it was configured for."""
+        return HandlerImportError(self.spec, self.cause, kind)
+
+    def __str__(self) -> str:
+        name = f"handler {self.kind!r} ({self.spec!r})" if self.kind else f"handler {self.spec!r}"
+        return f"{name}: {self.cause}"

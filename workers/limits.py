@@ -1,0 +1,212 @@
+"""Resource limits and memory figures inside a worker (Linux; elsewhere each call degrades).
+
+Memory cap: RLIMIT_DATA by default, not RLIMIT_AS
+--------------------------------------------------
+Measured with ``stress/measure_rlimits.py`` on the build machine (Linux 6.18, x86_64, 2 vCPU,
+Python 3.11.7, glibc malloc, overcommit_memory 0), a forked child, limit 256 MiB (details and
+the full tables in docs/memory-limits.md)::
+
+    case                                   RLIMIT_AS 256 MiB        RLIMIT_DATA 256 MiB
+    bytearray(8 GiB)                       MemoryError in 1 ms,     MemoryError in 1 ms,
+                                           child survives           child survives
+    50 MiB touched chunks toward 4 GiB     MemoryError at 200 MiB   MemoryError at 200 MiB
+    threads that each malloc (<= 64)       5 (bare) / 10 (*)        30 (bare) / 27 (*)
+    private anonymous mmap, 1 GiB          ENOMEM                   ENOMEM
+    shared anonymous mmap (mmap.mmap(-1))  ENOMEM                   NOT COUNTED: 384 MiB touched
+    import numpy + matmul, threshold       172 MiB                  123 MiB
+      just below the threshold             OpenBLAS "Memory allocation still failed", exit(1);
+                                           with numpy imported before the fork: a hang
+
+    (*) a parent that imported sqlalchemy, psutil, rich, click, prometheus_client, setproctitle
+
+Why: RLIMIT_AS counts every reservation, and a thread reserves 72 MiB of address space (an
+8 MiB stack plus a 64 MiB glibc malloc arena) while using a few KiB, so a 256 MiB cap allows
+five threads. RLIMIT_DATA counts writable private mappings: the 8 MiB stack of each thread,
+but of an arena only the part malloc has made writable. Both refuse the instant bomb at once and
+leave the child alive, and since Linux 4.7 RLIMIT_DATA covers private anonymous mmaps, which is
+where malloc puts every large block (measured above: not assumed).
+
+What the rlimit cannot do, and why the parent's RSS watchdog is the precise enforcer:
+
+- VmData counts reserved pages, RSS counts resident ones; neither bounds the other. A cap at
+  exactly ``memory_limit`` would refuse ordinary jobs (threads, numpy's OpenBLAS buffers: its
+  import takes VmData to 121 MiB with 26 MiB resident) long before their RSS got there.
+- Shared memory (``mmap.mmap(-1, n)`` is MAP_SHARED), tmpfs files and file mappings escape
+  RLIMIT_DATA; they show in RSS, so the watchdog sees them.
+- A library that treats a refused allocation as fatal (OpenBLAS) exits or hangs instead of
+  raising MemoryError; the parent then sees a crash or a timeout, not ``memory_limit``.
+
+So the default cap is RLIMIT_DATA = ``memory_limit`` + ``headroom`` (128 MiB: above the 126 MiB
+worst overshoot of a 50 ms RSS poll against a 2.4 GiB/s bomb, room for 16 thread stacks) + the
+gap between VmData and RSS the worker inherited at fork (reservations the parent made and never
+touched, so they do not eat the job's room). The rlimit stops ``bytearray(8 GiB)`` at once; the
+watchdog stops the gradual bomb at ``memory_limit``; the rlimit bounds the watchdog's overshoot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+DEFAULT_HEADROOM = 128 * MIB
+POLICIES = ("data", "as", "off")  # which rlimit caps memory; "off" leaves it to the watchdog
+_RESOURCES = {"data": ("RLIMIT_DATA", "VmData"), "as": ("RLIMIT_AS", "VmSize")}
+PR_SET_PDEATHSIG = 1
+
+# (pid, fd) of a kept-open /proc/self/clear_refs (see prepare_peak_reset). The pid matters: an
+# fd inherited across fork still points at the *parent's* /proc entry and would reset its peak.
+# Owned by the worker's main thread.
+_clear_refs: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCap:
+    """The memory rlimit a worker applied: which one, its value and the inherited gap."""
+
+    rlimit: str  # "RLIMIT_DATA" or "RLIMIT_AS"
+    value: int  # bytes, soft and hard
+    inherited_gap: int  # bytes of VmData (or VmSize) over RSS at setup, added to the cap
+
+    def describe(self) -> str:
+        """``RLIMIT_DATA 412 MiB`` for messages."""
+        return f"{self.rlimit} {self.value // MIB} MiB"
+
+
+def memory_status() -> dict[str, int]:
+    """VmSize, VmData, VmRSS and VmHWM of this process in bytes; {} without /proc."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                key, _, rest = line.partition(b":")
+                if key in (b"VmSize", b"VmData", b"VmRSS", b"VmHWM"):
+                    out[key.decode()] = int(rest.split()[0]) * 1024  # the kernel writes kB
+    except OSError:
+        pass
+    return out
+
+
+def peak_rss() -> int | None:
+    """Peak RSS (VmHWM) in bytes since start or the last ``reset_peak_rss``; None if unknown."""
+    return memory_status().get("VmHWM")
+
+
+def current_rss() -> int | None:
+    """Current RSS (VmRSS) in bytes, shared pages included; None without /proc."""
+    return memory_status().get("VmRSS")
+
+
+def prepare_peak_reset() -> bool:
+    """Open /proc/self/clear_refs now and keep it, so ``reset_peak_rss`` works later.
+
+    Call before dropping privileges: a change of uid makes the process non-dumpable, after which
+    /proc/self files belong to root and can no longer be opened for writing. An fd opened
+    before still writes (measured). Keeping the process non-dumpable matters: it holds a copy of
+    the parent's memory, and other processes of the unprivileged user must not read it.
+    """
+    global _clear_refs
+    if _clear_refs is None or _clear_refs[0] != os.getpid():
+        try:
+            fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        _clear_refs = (os.getpid(), fd)  # an inherited fd is left alone: it is the parent's
+    return True
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (writes "5" to /proc/self/clear_refs, Linux >= 4.0).
+
+    Returns False when it cannot (no /proc, or the file could not be opened or written); the
+    next ``peak_rss`` is then the peak since the last successful reset or since start.
+    """
+    if not prepare_peak_reset() or _clear_refs is None:
+        return False
+    try:
+        os.write(_clear_refs[1], b"5")
+    except OSError:
+        return False
+    return True
+
+
+def apply_memory_cap(
+    memory_limit: int, policy: str = "data", headroom: int = DEFAULT_HEADROOM
+) -> MemoryCap | None:
+    """Cap this process's memory with RLIMIT_DATA or RLIMIT_AS (soft and hard); see the module doc.
+
+    The value is ``memory_limit + headroom`` plus the VmData (or VmSize) over RSS inherited at
+    fork. Returns None for policy "off". It cannot raise a hard limit set by someone else: the
+    value is then clamped to it. Raises ValueError when the cap would already be below this
+    process's usage (every allocation would fail) and OSError when setrlimit refuses.
+    """
+    if policy == "off":
+        return None
+    if policy not in _RESOURCES:
+        raise ValueError(f"memory rlimit policy {policy!r} is not one of {POLICIES}")
+    name, field = _RESOURCES[policy]
+    status = memory_status()
+    used, rss = status.get(field, 0), status.get("VmRSS", 0)
+    gap = max(0, used - rss)
+    value = memory_limit + headroom + gap
+    res = getattr(resource, name)
+    hard = resource.getrlimit(res)[1]
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    if value <= used:
+        raise ValueError(
+            f"{name} {value // MIB} MiB would be below the worker's {field} of {used // MIB} MiB "
+            f"at start (memory_limit {memory_limit // MIB} MiB, RSS {rss // MIB} MiB)"
+        )
+    resource.setrlimit(res, (value, value))
+    return MemoryCap(name, value, gap)
+
+
+def disable_core_dumps() -> bool:
+    """RLIMIT_CORE 0, soft and hard: a crashing job must not write the parent's memory to disk."""
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def limit_processes(nproc: int) -> None:
+    """RLIMIT_NPROC, soft and hard, to contain a fork bomb.
+
+    What it cannot do: it counts every process and thread of the real uid on the host, not of
+    this worker, so it only means something with a dedicated ``user``; and it does not bind a
+    process with CAP_SYS_RESOURCE or CAP_SYS_ADMIN, so a worker running as root is not limited.
+    Raises OSError when setrlimit refuses (a value above a hard limit set by someone else).
+    """
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def set_pdeathsig(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (prctl, Linux).
+
+    What it cannot do: the signal fires when the parent *thread* that forked exits, so the
+    parent must fork from its main thread; a change of uid or gid clears the setting, so call
+    this after dropping privileges; it cannot cover the time before it is called, so check
+    ``os.getppid()`` right after. Returns False where prctl is unavailable.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def trim_heap() -> bool:
+    """Give free malloc memory back to the kernel (glibc ``malloc_trim(0)``); False elsewhere.
+
+    Used before deciding a worker leaks: freed memory that glibc kept would otherwise count.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True

@@ -1,0 +1,288 @@
+"""The parent ⇄ worker wire format: length-prefixed JSON frames over one socket (or pipe) fd.
+
+A frame is a 4-byte big-endian body length, then the body: one UTF-8 JSON object with the
+protocol version ``"v"``, the message ``"type"`` and the message's fields::
+
+    00 00 00 2a  {"v":1,"type":"Ping","seq":7}
+
+Messages, one frozen dataclass each::
+
+    parent → child   RunJob(job_id, kind, payload, attempt, deadline, token)
+                     Ping(seq)                  Shutdown()
+    child → parent   Ready(pid)                 Started(job_id)
+                     JobDone(job_id, result, duration, peak_rss)
+                     JobFailed(job_id, error_kind, message, traceback_tail, duration, peak_rss)
+                     Pong(seq, rss)             Recycling(reason)
+
+``payload`` and ``result`` are JSON *text* carried as strings: the parent stores and forwards
+them without parsing, and only the child parses the payload. Sizes are bytes, durations seconds,
+``deadline`` Unix time. Decoding is strict (unknown type, missing or extra field, wrong type,
+other version: ``ProtocolError``), because both ends always run the same code: the worker is a
+fork of the parent. A ``ProtocolError`` leaves the stream out of step; the only safe reaction is
+to close the connection and end the worker.
+
+The child reads with the blocking ``read_frame`` and writes with ``write_frame``; the parent
+feeds bytes from a non-blocking fd into a ``FrameReader``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import types
+import typing
+from dataclasses import dataclass, fields
+
+VERSION = 1
+MAX_FRAME = 16 * 1024 * 1024  # bytes of body; a larger result is refused in the child
+HEADER = struct.Struct(">I")
+
+# JobFailed.error_kind values: the subset of the parent's ErrorKind a child can report itself.
+EXCEPTION = "exception"
+PERMANENT = "permanent"
+MEMORY_LIMIT = "memory_limit"
+ERROR_KINDS = frozenset({EXCEPTION, PERMANENT, MEMORY_LIMIT})
+
+
+class ProtocolError(Exception):
+    """A frame could not be encoded or decoded; the connection is no longer usable."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame's body is over the size limit (raised on the length prefix, before the body)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunJob:
+    """Run one job. ``payload`` is JSON text; ``deadline`` the Unix time of the kill."""
+
+    job_id: int
+    kind: str
+    payload: str
+    attempt: int
+    deadline: float
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Are you alive, and how big are you? Answered with ``Pong`` between jobs."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Exit with ``exitcodes.OK``. Read between jobs only: it never interrupts a job."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Setup is done and the worker waits for jobs."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The handler for ``job_id`` is about to be called (the payload parsed)."""
+
+    job_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobDone:
+    """The handler returned. ``result`` is JSON text; ``peak_rss`` is this job's VmHWM."""
+
+    job_id: int
+    result: str
+    duration: float
+    peak_rss: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed:
+    """The handler raised. ``error_kind`` is one of ``ERROR_KINDS``; ``message`` one line."""
+
+    job_id: int
+    error_kind: str
+    message: str
+    traceback_tail: str
+    duration: float
+    peak_rss: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """Answer to ``Ping``, with the worker's current RSS in bytes (None if unknown)."""
+
+    seq: int
+    rss: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recycling:
+    """The worker is about to exit with ``exitcodes.RECYCLE``.
+
+    Any ``RunJob`` the parent sent after the last result is never read: release it.
+    """
+
+    reason: str
+
+
+Message = RunJob | Ping | Shutdown | Ready | Started | JobDone | JobFailed | Pong | Recycling
+_CLASSES: tuple[type, ...] = typing.get_args(Message)
+_BY_NAME: dict[str, type] = {cls.__name__: cls for cls in _CLASSES}
+
+
+def _accepted(annotation: object) -> tuple[type, ...]:
+    """The Python types a JSON value may have for a field annotation (floats accept ints)."""
+    if isinstance(annotation, types.UnionType):
+        return tuple(t for arg in typing.get_args(annotation) for t in _accepted(arg))
+    if annotation is float:
+        return (float, int)
+    if annotation is type(None) or annotation is None:
+        return (type(None),)
+    return (typing.cast(type, annotation),)
+
+
+_SCHEMA: dict[type, dict[str, tuple[type, ...]]] = {
+    cls: {name: _accepted(hint) for name, hint in typing.get_type_hints(cls).items()}
+    for cls in _CLASSES
+}
+_FLOATS: dict[type, tuple[str, ...]] = {
+    cls: tuple(name for name, hint in typing.get_type_hints(cls).items() if hint is float)
+    for cls in _CLASSES
+}
+
+
+def encode(msg: Message, max_size: int = MAX_FRAME) -> bytes:
+    """One complete frame (length prefix and body) for ``msg``.
+
+    Raises ``FrameTooLarge`` when the body would exceed ``max_size``.
+    """
+    body: dict[str, object] = {"v": VERSION, "type": type(msg).__name__}
+    for f in fields(msg):
+        body[f.name] = getattr(msg, f.name)
+    data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > max_size:
+        raise FrameTooLarge(f"{type(msg).__name__} frame of {len(data)} bytes > {max_size}")
+    return HEADER.pack(len(data)) + data
+
+
+def decode(frame: bytes) -> Message:
+    """The message in one complete frame (length prefix and body), as ``encode`` made it."""
+    if len(frame) < HEADER.size or HEADER.unpack_from(frame)[0] != len(frame) - HEADER.size:
+        raise ProtocolError(f"not one complete frame ({len(frame)} bytes)")
+    return decode_body(frame[HEADER.size :])
+
+
+def decode_body(body: bytes) -> Message:
+    """The message in a frame body (the JSON object after the length prefix)."""
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"frame body is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError("frame body is not a JSON object")
+    if obj.pop("v", None) != VERSION:
+        raise ProtocolError(f"protocol version {obj.get('v')!r}, expected {VERSION}")
+    cls = _BY_NAME.get(obj.pop("type", None))
+    if cls is None:
+        raise ProtocolError("frame has an unknown or missing message type")
+    schema = _SCHEMA[cls]
+    if obj.keys() != schema.keys():
+        raise ProtocolError(f"{cls.__name__} fields {sorted(obj)}, expected {sorted(schema)}")
+    for name, value in obj.items():
+        if isinstance(value, bool) or not isinstance(value, schema[name]):
+            raise ProtocolError(f"{cls.__name__}.{name} has the wrong type: {value!r}")
+    if cls is JobFailed and obj["error_kind"] not in ERROR_KINDS:
+        raise ProtocolError(f"JobFailed.error_kind {obj['error_kind']!r} is not a known kind")
+    for name in _FLOATS[cls]:
+        obj[name] = float(obj[name])  # JSON writes 2.0 as 2.0 but a Python int 2 as 2
+    return typing.cast(Message, cls(**obj))
+
+
+def write_frame(fd: int, msg: Message, max_size: int = MAX_FRAME) -> None:
+    """Write one frame to a blocking fd, all of it (partial writes are resumed).
+
+    Raises ``BrokenPipeError`` (or another ``OSError``) when the other end is gone.
+    """
+    view = memoryview(encode(msg, max_size))
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_frame(fd: int, max_size: int = MAX_FRAME) -> Message | None:
+    """Read one message from a blocking fd; None on end of file between frames.
+
+    End of file inside a frame, or a length over ``max_size``, raises ``ProtocolError``.
+    """
+    header = _read_exact(fd, HEADER.size)
+    if header is None:
+        return None
+    (size,) = HEADER.unpack(header)
+    if size > max_size:
+        raise FrameTooLarge(f"frame of {size} bytes > {max_size}")
+    body = _read_exact(fd, size)
+    if body is None:
+        raise ProtocolError(f"end of file inside a {size}-byte frame")
+    return decode_body(body)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    """Exactly ``n`` bytes; None on EOF before the first byte; ProtocolError on EOF after it."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            if buf:
+                raise ProtocolError(f"end of file after {len(buf)} of {n} bytes")
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+class FrameReader:
+    """Incremental decoder for the parent: feed it bytes as they arrive, get whole messages.
+
+    Owned by one thread (the parent's loop). After a ``ProtocolError`` the stream is out of
+    step and the reader must not be fed again.
+    """
+
+    def __init__(self, max_size: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._max_size = max_size
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame held back (non-zero at EOF means a truncated frame)."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Append ``data``; return every message now complete, in order."""
+        buf = self._buf
+        buf += data
+        out: list[Message] = []
+        while len(buf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(buf)
+            if size > self._max_size:
+                raise FrameTooLarge(f"frame of {size} bytes > {self._max_size}")
+            end = HEADER.size + size
+            if len(buf) < end:
+                break
+            body = bytes(buf[HEADER.size : end])
+            del buf[:end]  # cheap: CPython moves a bytearray's start instead of copying
+            out.append(decode_body(body))
+        return out
+
+    def read(self, fd: int, bufsize: int = 65536) -> list[Message] | None:
+        """One ``os.read`` from a non-blocking fd, decoded; [] if nothing was ready, None at EOF."""
+        try:
+            data = os.read(fd, bufsize)
+        except BlockingIOError:
+            return []
+        if not data:
+            return None
+        return self.feed(data)
