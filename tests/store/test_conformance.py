@@ -160,7 +160,7 @@ def test_permanent_failure_dead_letters_at_once(store):
 
 def test_fail_with_a_lost_lease_changes_nothing(store):
     jid = store.enqueue(job())
-    (c,) = claim(store)
+    assert len(claim(store)) == 1
     forged = Lease(jid, "forged")
     out = store.fail([Failure(forged, ErrorKind.CRASHED, "signal 9", retry_delay=0)])
     assert out.lost == (forged,) and store.get(jid).state is JobState.LEASED

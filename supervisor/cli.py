@@ -1,0 +1,196 @@
+"""The ``fleetd`` command. The only module that prints or chooses exit codes.
+
+Exit status: 0 success; 2 usage, config or input errors (one line on stderr saying what and
+where; nothing written); 1 the database could not be reached mid-command.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from supervisor.errors import FleetdError
+from supervisor.model import Job, JobState
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+config_option = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    envvar="FLEETD_CONFIG",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="fleet.toml to use (or set FLEETD_CONFIG).",
+)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"fleetd: error: {message}", err=True)
+    sys.exit(code)
+
+
+def friendly(func: F) -> F:
+    """Turn fleetd's typed errors into one line on stderr and their exit status."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except FleetdError as exc:
+            _fail(str(exc), exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _client(config_path: str) -> Any:
+    from supervisor.client import Client
+
+    return Client.from_config(config_path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fleetd", prog_name="fleetd")
+def main() -> None:
+    """fleetd: a supervisor for hostile, CPU- and memory-heavy job pools on a durable queue."""
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@friendly
+def check(config_path: str, as_json: bool) -> None:
+    """Validate fleet.toml, import every handler, and print each pool's plan."""
+    from supervisor.check import plan_for, render_plan
+
+    plan = plan_for(config_path)
+    click.echo(json.dumps(plan, indent=2) if as_json else render_plan(plan))
+
+
+@main.command()
+@config_option
+@click.argument("kind")
+@click.argument("payload_json", required=False, default="{}")
+@click.option("--tenant", help="Tenant the job belongs to (fleet-wide caps and fairness).")
+@click.option("--key", help="Idempotency key: an existing key of this kind returns its job.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--delay", default="0", help='Run no earlier than this from now, e.g. "30s".')
+@friendly
+def enqueue(
+    config_path: str,
+    kind: str,
+    payload_json: str,
+    tenant: str | None,
+    key: str | None,
+    priority: int,
+    delay: str,
+) -> None:
+    """Add a job of KIND with a JSON object PAYLOAD_JSON; print its id."""
+    from supervisor.errors import PayloadError
+
+    try:
+        payload = json.loads(payload_json)
+    except json.JSONDecodeError as exc:
+        raise PayloadError(f"PAYLOAD_JSON is not JSON: {exc}") from None
+    with _client(config_path) as client:
+        click.echo(
+            client.enqueue(kind, payload, tenant=tenant, key=key, priority=priority, delay=delay)
+        )
+
+
+_STATES = click.Choice([s.value for s in JobState])
+
+
+@main.command()
+@config_option
+@click.option("--state", type=_STATES, help="Only jobs in this state.")
+@click.option("--pool", help="Only jobs of this pool.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@friendly
+def jobs(config_path: str, state: str | None, pool: str | None, limit: int, as_json: bool) -> None:
+    """List jobs by id."""
+    with _client(config_path) as client:
+        found = client.store.list_jobs(
+            state=JobState(state) if state else None, pool=pool, limit=limit
+        )
+    _print_jobs(found, as_json)
+
+
+def _print_jobs(found: list[Job], as_json: bool) -> None:
+    if as_json:
+        for job in found:
+            click.echo(job.to_json())
+        return
+    from supervisor.observe.tables import jobs_table
+
+    jobs_table(found)
+
+
+@main.group()
+def dlq() -> None:
+    """The dead-letter queue: list, requeue or purge dead jobs."""
+
+
+@dlq.command("list")
+@config_option
+@click.option("--pool", help="Only dead jobs of this pool.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@friendly
+def dlq_list(config_path: str, pool: str | None, limit: int, as_json: bool) -> None:
+    """List dead jobs with their last error."""
+    with _client(config_path) as client:
+        _print_jobs(client.store.dlq_list(pool=pool, limit=limit), as_json)
+
+
+@dlq.command("requeue")
+@config_option
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--all", "everything", is_flag=True, help="Every dead job (of --pool).")
+@click.option("--pool", help="With --all: only this pool's dead jobs.")
+@friendly
+def dlq_requeue(config_path: str, ids: tuple[int, ...], everything: bool, pool: str | None) -> None:
+    """Give dead jobs a fresh delivery budget: IDS, or --all."""
+    if bool(ids) == everything:
+        raise click.UsageError("give job IDS or --all (not both)")
+    with _client(config_path) as client:
+        done = client.store.dlq_requeue(None if everything else list(ids), pool=pool)
+    click.echo(f"requeued {len(done)} job(s)")
+
+
+@dlq.command("purge")
+@config_option
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--pool", help="Only this pool's dead jobs.")
+@friendly
+def dlq_purge(config_path: str, ids: tuple[int, ...], pool: str | None) -> None:
+    """Delete dead jobs: IDS, or every dead job (of --pool) when no id is given."""
+    with _client(config_path) as client:
+        count = client.store.dlq_purge(list(ids) or None, pool=pool)
+    click.echo(f"purged {count} job(s)")
+
+
+@main.command()
+@config_option
+@click.option("--node-id", help="This supervisor's name (default: host name and pid).")
+@friendly
+def start(config_path: str, node_id: str | None) -> None:
+    """Run the supervisor in the foreground until SIGTERM or SIGINT (then drain)."""
+    raise FleetdError("fleetd start is not built yet")
+
+
+@main.command()
+@config_option
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one snapshot as JSON.")
+@click.option("--interval", type=float, default=1.0, show_default=True)
+@friendly
+def status(config_path: str, once: bool, as_json: bool, interval: float) -> None:
+    """The live view of every pool on every host sharing the database."""
+    raise FleetdError("fleetd status is not built yet; use `fleetd jobs` meanwhile")

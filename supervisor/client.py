@@ -1,0 +1,164 @@
+"""``Client``: how applications put jobs in and read them back.
+
+Payloads and results are JSON only, never pickle: a job row must not be able to choose code.
+Everything is checked before anything is written, so a bad item in ``enqueue_many`` leaves the
+queue untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Self
+
+from supervisor.clock import Clock
+from supervisor.config import FleetConfig, load_config
+from supervisor.errors import JobNotFound, PayloadError
+from supervisor.model import Job, JobState, NewJob
+from supervisor.store import Store, open_store
+from supervisor.units import parse_duration
+
+_ITEM_KEYS = {"kind", "payload", "tenant", "key", "priority", "delay"}
+
+
+class Client:
+    """Enqueue jobs and read them back, against the database a fleet.toml names."""
+
+    def __init__(self, config: FleetConfig, store: Store | None = None) -> None:
+        self.config = config
+        self.store = store if store is not None else open_store(config.database)
+
+    @classmethod
+    def from_config(cls, path: str | Path | FleetConfig, *, clock: Clock | None = None) -> Self:
+        """A client for the fleet described by a fleet.toml (or an already loaded config)."""
+        config = path if isinstance(path, FleetConfig) else load_config(path)
+        return cls(config, open_store(config.database, clock))
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def enqueue(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        tenant: str | None = None,
+        key: str | None = None,
+        priority: int = 0,
+        delay: float | str = 0,
+    ) -> int:
+        """Add one job and return its id. An existing ``key`` of the same kind returns that
+        job's id and changes nothing."""
+        new = self.new_job(kind, payload, tenant=tenant, key=key, priority=priority, delay=delay)
+        return self.store.enqueue(new)
+
+    def enqueue_many(
+        self, items: Iterable[tuple[str, Mapping[str, Any]] | Mapping[str, Any]]
+    ) -> list[int]:
+        """Add many jobs in one transaction; ids in input order. Items are ``(kind, payload)``
+        tuples or dicts with kind, payload, tenant, key, priority, delay."""
+        return self.store.enqueue_many([self._item(i, item) for i, item in enumerate(items)])
+
+    def get(self, job_id: int) -> Job:
+        """The job as it is now; ``JobNotFound`` if there is no such job."""
+        job = self.store.get(job_id)
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return job
+
+    def wait(self, job_id: int, timeout: float = 30.0) -> Job:
+        """Return the job once it is done or dead; ``TimeoutError`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        interval = 0.01
+        while True:
+            job = self.get(job_id)
+            if job.state in (JobState.DONE, JobState.DEAD):
+                return job
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {job_id} is still {job.state} after {timeout}s")
+            time.sleep(min(interval, left))
+            interval = min(interval * 1.5, 0.25)
+
+    def new_job(
+        self,
+        kind: str,
+        payload: Mapping[str, Any] | None,
+        *,
+        tenant: str | None = None,
+        key: str | None = None,
+        priority: int = 0,
+        delay: float | str = 0,
+    ) -> NewJob:
+        """Validate one job's fields and route its kind to its pool, writing nothing."""
+        pool = self.config.pool_for_kind(kind)
+        return NewJob(
+            kind=kind,
+            pool=pool.name,
+            payload=encode_payload(payload),
+            max_deliveries=pool.max_deliveries,
+            tenant=_optional_text("tenant", tenant),
+            key=_optional_text("key", key),
+            priority=_priority(priority),
+            delay=_delay(delay),
+        )
+
+    def _item(self, index: int, item: Any) -> NewJob:
+        try:
+            if isinstance(item, Mapping):
+                unknown = set(item) - _ITEM_KEYS
+                if unknown or "kind" not in item:
+                    raise PayloadError(
+                        f"expected keys {sorted(_ITEM_KEYS)} with 'kind'; got {sorted(item)}"
+                    )
+                fields = dict(item)
+                return self.new_job(fields.pop("kind"), fields.pop("payload", None), **fields)
+            kind, payload = item
+            return self.new_job(kind, payload)
+        except (PayloadError, ValueError, TypeError) as exc:
+            raise PayloadError(f"item {index}: {exc}") from exc
+
+
+def encode_payload(payload: Any) -> str:
+    """A payload as compact JSON text; it must be a JSON object (None means {})."""
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, Mapping):
+        raise PayloadError(f"payload must be a JSON object, not {type(payload).__name__}")
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not JSON-serialisable: {exc}") from exc
+
+
+def _optional_text(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise PayloadError(f"{name} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PayloadError(f"priority must be an integer, not {value!r}")
+    return value
+
+
+def _delay(value: Any) -> float:
+    try:
+        seconds = parse_duration(value) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"delay: {exc}") from exc
+    if not math.isfinite(seconds) or seconds < 0:
+        raise PayloadError(f"delay must be zero or more seconds, not {value!r}")
+    return seconds

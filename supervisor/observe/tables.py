@@ -1,0 +1,28 @@
+"""Plain tables for the CLI's listings (rich, fitted to the terminal)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from supervisor.model import Job, iso
+
+
+def jobs_table(found: list[Job], console: Console | None = None) -> None:
+    """Print jobs as a table: one row each, the error for failed ones."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("id", "kind", "pool", "state", "att", "tenant", "enqueued", "error"):
+        table.add_column(name, overflow="fold", no_wrap=name != "error")
+    for job in found:
+        error = f"{job.error_kind}: {job.last_error}" if job.error_kind else ""
+        table.add_row(
+            str(job.id),
+            job.kind,
+            job.pool,
+            str(job.state),
+            f"{job.attempts}/{job.max_deliveries}",
+            job.tenant or "",
+            (iso(job.enqueued_at) or "")[:19],
+            error,
+        )
+    (console or Console()).print(table if found else "no jobs")
