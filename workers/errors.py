@@ -31,3 +31,10 @@ class HandlerImportError(Exception):
     def __str__(self) -> str:
         name = f"handler {self.kind!r} ({self.spec!r})" if self.kind else f"handler {self.spec!r}"
         return f"{name}: {self.cause}"
+
+
+def one_line(exc: BaseException, limit: int = 4000) -> str:
+    """``ExcType: message`` on one line, valid UTF-8, at most ``limit`` characters."""
+    text = " ".join(str(exc).split())
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line.encode("utf-8", "replace").decode("utf-8")[:limit]

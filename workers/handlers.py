@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from workers.errors import HandlerImportError
+from workers.errors import HandlerImportError, one_line
 
 Handler = Callable[[Any], Any]
 
@@ -48,15 +48,9 @@ def _import(spec: str, module_name: str) -> object:
         # spec is wrong; any other name is a dependency missing inside the handler's module.
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise HandlerImportError(spec, f"module {module_name!r} not found") from None
-        raise HandlerImportError(spec, f"import raised {_one_line(exc)}") from exc
+        raise HandlerImportError(spec, f"import raised {one_line(exc)}") from exc
     except (Exception, SystemExit) as exc:
-        raise HandlerImportError(spec, f"import raised {_one_line(exc)}") from exc
-
-
-def _one_line(exc: BaseException) -> str:
-    """``ExcType: message`` on one line."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        raise HandlerImportError(spec, f"import raised {one_line(exc)}") from exc
 
 
 def load_handlers(mapping: Mapping[str, str]) -> dict[str, Handler]:

@@ -1,0 +1,189 @@
+"""Test handlers, usable from a fleet.toml as ``"tests.support.handlers:echo"`` and so on.
+
+Every handler takes the job's payload (a JSON object). With ``"log": "/path"`` in the payload,
+a handler appends one JSON line to that file when it finishes (normally or by raising)::
+
+    {"job": 12, "attempt": 1, "pid": 4242, "kind": "sleep", "start": 1.7e9, "end": 1.7e9,
+     "outcome": "ok"}
+
+Handlers that end the process or never return (crash_exit, segfault, hang) write their line
+first, with ``"end": null``. Each line is one ``write`` on a file opened with O_APPEND, so
+lines from concurrent workers do not interleave.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from workers import Permanent, current_job
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+Payload = dict[str, Any]
+_leaked: list[bytes] = []  # what ``leak`` keeps, for the life of the worker
+
+
+def record(payload: Payload, start: float, end: float | None, outcome: str) -> None:
+    """Append this execution's line to ``payload["log"]``, if given (one write call)."""
+    path = payload.get("log") if isinstance(payload, dict) else None
+    if not path:
+        return
+    ctx = current_job()
+    line = {
+        "job": ctx.id,
+        "attempt": ctx.attempt,
+        "pid": os.getpid(),
+        "kind": ctx.kind,
+        "start": start,
+        "end": end,
+        "outcome": outcome,
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def recorded(fn: Callable[[Payload], Any]) -> Callable[[Payload], Any]:
+    """Decorator: ``record`` one line when ``fn`` returns or raises."""
+
+    @functools.wraps(fn)
+    def wrapper(payload: Payload) -> Any:
+        start = time.time()
+        try:
+            result = fn(payload)
+        except BaseException:
+            record(payload, start, time.time(), "raised")
+            raise
+        record(payload, start, time.time(), "ok")
+        return result
+
+    return wrapper
+
+
+@recorded
+def noop(payload: Payload) -> None:
+    """Do nothing."""
+
+
+@recorded
+def echo(payload: Payload) -> Payload:
+    """Return the payload."""
+    return payload
+
+
+@recorded
+def sleep(payload: Payload) -> float:
+    """Sleep ``payload["seconds"]``; return it."""
+    seconds = float(payload.get("seconds", 1.0))
+    time.sleep(seconds)
+    return seconds
+
+
+@recorded
+def fail_until(payload: Payload) -> dict[str, int]:
+    """Raise RuntimeError until the attempt reaches ``payload["succeed_on"]``."""
+    attempt = current_job().attempt
+    if attempt < int(payload["succeed_on"]):
+        raise RuntimeError(f"flaky: attempt {attempt} < {payload['succeed_on']}")
+    return {"attempt": attempt}
+
+
+@recorded
+def permanent(payload: Payload) -> None:
+    """Raise ``workers.Permanent`` (dead-lettered at once)."""
+    raise Permanent(payload.get("message", "this job can never succeed"))
+
+
+@recorded
+def boom(payload: Payload) -> None:
+    """Raise ValueError with ``payload["message"]``."""
+    raise ValueError(payload.get("message", "boom"))
+
+
+def crash_exit(payload: Payload) -> None:
+    """End the worker with ``os._exit(payload.get("code", 3))``."""
+    record(payload, time.time(), None, "exit")
+    os._exit(int(payload.get("code", 3)))
+
+
+def segfault(payload: Payload) -> None:
+    """Die of SIGSEGV (a signal to itself; a NULL read if that was somehow survived)."""
+    record(payload, time.time(), None, "segfault")
+    os.kill(os.getpid(), signal.SIGSEGV)
+    ctypes.string_at(0)
+
+
+def hang(payload: Payload) -> None:
+    """Sleep forever (until the supervisor kills the worker)."""
+    record(payload, time.time(), None, "hang")
+    while True:
+        time.sleep(3600)
+
+
+@recorded
+def instant_bomb(payload: Payload) -> int:
+    """Allocate ``payload.get("gib", 8)`` GiB at once: ``bytearray(8 GiB)``."""
+    return len(bytearray(int(payload.get("gib", 8)) * GIB))
+
+
+@recorded
+def gradual_bomb(payload: Payload) -> int:
+    """Allocate and touch 50 MiB every 50 ms up to 4 GiB (each value from the payload)."""
+    chunk = int(payload.get("chunk_mib", 50)) * MIB
+    interval = float(payload.get("interval", 0.05))
+    total = int(payload.get("max_mib", 4096)) * MIB
+    held = []
+    while len(held) * chunk < total:
+        held.append(b"x" * chunk)  # a memset, so every page is resident, not just reserved
+        time.sleep(interval)
+    return len(held) * chunk
+
+
+@recorded
+def allocate(payload: Payload) -> int:
+    """Touch ``payload["mib"]`` MiB, free it and return; the job's peak RSS includes it."""
+    block = b"x" * (int(payload.get("mib", 100)) * MIB)
+    return len(block)
+
+
+@recorded
+def leak(payload: Payload) -> int:
+    """Append ``payload["mib"]`` touched MiB to a module-level list; return the total kept."""
+    _leaked.append(b"x" * (int(payload.get("mib", 10)) * MIB))
+    return sum(len(b) for b in _leaked)
+
+
+@recorded
+def whoami(payload: Payload) -> dict[str, Any]:
+    """The worker's pid, ids, job context and title, for tests of the runtime itself."""
+    ctx = current_job()
+    with open("/proc/self/cmdline", "rb") as f:
+        title = f.read().split(b"\0")[0].decode()
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "job": ctx.id,
+        "kind": ctx.kind,
+        "attempt": ctx.attempt,
+        "deadline": ctx.deadline,
+        "pool": ctx.pool,
+        "title": title,
+    }
+
+
+@recorded
+def unserialisable(payload: Payload) -> object:
+    """Return a set, which JSON cannot carry."""
+    return {1, 2, 3}

@@ -1,0 +1,447 @@
+"""The child runtime in real forked workers, driven over a socketpair like the parent does.
+
+Every wait is on an event (a frame, an exit seen through a pidfd), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from workers import JobContext, current_job, exitcodes, limits, protocol
+from workers.context import bind, unbind
+from workers.errors import HandlerImportError
+from workers.handlers import load_handlers, resolve
+from workers.protocol import JobDone, JobFailed, Ping, Pong, Ready, Recycling, RunJob, Started
+from workers.runtime import WorkerSpec, main
+
+MIB = 1024 * 1024
+KINDS = [
+    "noop",
+    "echo",
+    "sleep",
+    "permanent",
+    "boom",
+    "instant_bomb",
+    "gradual_bomb",
+    "allocate",
+    "leak",
+    "whoami",
+    "unserialisable",
+    "crash_exit",
+    "hang",
+]
+HANDLERS = load_handlers({k: f"tests.support.handlers:{k}" for k in KINDS})
+
+
+class Worker:
+    """A forked worker and the parent's end of its connection."""
+
+    def __init__(self, **spec: Any) -> None:
+        spec.setdefault("parent_pid", os.getpid())
+        self.spec = WorkerSpec(pool="test", slot=1, handlers=HANDLERS, **spec)
+        parent, child = socket.socketpair()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - the child ends in os._exit
+            try:
+                parent.close()
+                main(child.fileno(), self.spec)
+            finally:
+                os._exit(99)
+        child.close()
+        parent.setblocking(False)
+        self.sock = parent
+        self.reader = protocol.FrameReader()
+        self.inbox: collections.deque[protocol.Message] = collections.deque()
+        self.next_id = 1
+        self.status: int | None = None
+
+    def send(self, msg: protocol.Message) -> None:
+        self.sock.sendall(protocol.encode(msg))
+
+    def recv(self, timeout: float = 5.0) -> protocol.Message:
+        """The next frame from the worker; EOFError if it closed, TimeoutError if none came."""
+        deadline = time.monotonic() + timeout
+        while not self.inbox:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                raise TimeoutError("no frame from the worker")
+            got = self.reader.read(self.sock.fileno())
+            if got is None:
+                raise EOFError("the worker closed its end")
+            self.inbox.extend(got)
+        return self.inbox.popleft()
+
+    def run(self, kind: str, payload: Any = None, attempt: int = 1) -> protocol.Message:
+        """Send one job, check Started, and return its JobDone or JobFailed."""
+        job_id = self.next_id
+        self.next_id += 1
+        body = json.dumps({} if payload is None else payload)
+        self.send(RunJob(job_id, kind, body, attempt, time.time() + 60, f"tok-{job_id}"))
+        first = self.recv()
+        if isinstance(first, Started):
+            assert first.job_id == job_id
+            first = self.recv()
+        assert isinstance(first, JobDone | JobFailed) and first.job_id == job_id, first
+        return first
+
+    def ready(self) -> Ready:
+        msg = self.recv()
+        assert msg == Ready(self.pid)
+        return msg
+
+    def wait_exit(self, timeout: float = 5.0) -> int:
+        """The exit code (or minus the signal number), waiting on a pidfd."""
+        if self.status is None:
+            pidfd = os.pidfd_open(self.pid)
+            try:
+                if not select.select([pidfd], [], [], timeout)[0]:
+                    raise TimeoutError(f"worker {self.pid} still running")
+            finally:
+                os.close(pidfd)
+            _, self.status = os.waitpid(self.pid, 0)
+        if os.WIFSIGNALED(self.status):
+            return -os.WTERMSIG(self.status)
+        return os.WEXITSTATUS(self.status)
+
+    def alive(self) -> bool:
+        return self.status is None and os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+
+    def cleanup(self) -> None:
+        self.sock.close()
+        if self.status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            _, self.status = os.waitpid(self.pid, 0)
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Worker]]:
+    workers: list[Worker] = []
+
+    def make(**spec: Any) -> Worker:
+        w = Worker(**spec)
+        workers.append(w)
+        return w
+
+    yield make
+    for w in workers:
+        w.cleanup()
+
+
+def test_echo_returns_the_payload_with_duration_and_peak(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    done = w.run("echo", {"doc": 42, "name": "é"})
+    assert isinstance(done, JobDone)
+    assert json.loads(done.result) == {"doc": 42, "name": "é"}
+    assert done.duration >= 0 and done.peak_rss and done.peak_rss > MIB
+
+
+def test_handler_sees_its_job_context_and_the_title_says_busy(
+    spawn: Callable[..., Worker],
+) -> None:
+    w = spawn()
+    w.ready()
+    done = w.run("whoami", attempt=3)
+    assert isinstance(done, JobDone)
+    seen = json.loads(done.result)
+    assert (seen["pid"], seen["job"], seen["kind"], seen["attempt"]) == (w.pid, 1, "whoami", 3)
+    assert seen["pool"] == "test" and seen["deadline"] > time.time()
+    assert seen["title"] == "fleetd: test#1 job=1 whoami 0s"
+    with open(f"/proc/{w.pid}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[0] == b"fleetd: test#1 idle"
+
+
+def test_permanent_is_reported_as_permanent(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    failed = w.run("permanent", {"message": "payload has no 'doc'"})
+    assert isinstance(failed, JobFailed)
+    assert failed.error_kind == "permanent"
+    assert failed.message == "Permanent: payload has no 'doc'"
+
+
+def test_exception_is_reported_with_message_and_traceback_tail(
+    spawn: Callable[..., Worker],
+) -> None:
+    w = spawn()
+    w.ready()
+    failed = w.run("boom", {"message": "bad\ninput"})
+    assert isinstance(failed, JobFailed)
+    assert failed.error_kind == "exception"
+    assert failed.message == "ValueError: bad input"
+    assert "handlers.py" in failed.traceback_tail and "in boom" in failed.traceback_tail
+    assert "runtime.py" not in failed.traceback_tail.splitlines()[0]
+    assert isinstance(w.run("echo", {"still": "alive"}), JobDone)
+
+
+def test_instant_bomb_under_256_mib_is_memory_limit_and_the_worker_survives(
+    spawn: Callable[..., Worker],
+) -> None:
+    w = spawn(memory_limit=256 * MIB)
+    w.ready()
+    failed = w.run("instant_bomb", {"gib": 8})
+    assert isinstance(failed, JobFailed)
+    assert failed.error_kind == "memory_limit"
+    assert "MemoryError" in failed.message and "RLIMIT_DATA" in failed.message
+    assert "memory_limit 256 MiB" in failed.message and "peak RSS" in failed.message
+    assert failed.duration < 1.0
+    w.send(Ping(1))
+    assert isinstance(w.recv(), Pong)
+    done = w.run("echo", {"next": 1})
+    assert isinstance(done, JobDone) and json.loads(done.result) == {"next": 1}
+
+
+def test_gradual_bomb_is_stopped_by_the_rlimit_at_limit_plus_headroom(
+    spawn: Callable[..., Worker],
+) -> None:
+    w = spawn(memory_limit=128 * MIB, rlimit_headroom=64 * MIB)
+    w.ready()
+    failed = w.run("gradual_bomb", {"chunk_mib": 16, "interval": 0, "max_mib": 4096})
+    assert isinstance(failed, JobFailed) and failed.error_kind == "memory_limit"
+    assert failed.peak_rss is not None and failed.peak_rss < 1024 * MIB
+    assert isinstance(w.run("noop"), JobDone)
+
+
+def test_address_space_policy_also_refuses_the_instant_bomb(
+    spawn: Callable[..., Worker],
+) -> None:
+    w = spawn(memory_limit=256 * MIB, rlimit_policy="as")
+    w.ready()
+    failed = w.run("instant_bomb")
+    assert isinstance(failed, JobFailed) and failed.error_kind == "memory_limit"
+    assert "RLIMIT_AS" in failed.message
+
+
+def test_peak_rss_is_reset_between_jobs(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    big = w.run("allocate", {"mib": 100})
+    small = w.run("noop")
+    assert isinstance(big, JobDone) and isinstance(small, JobDone)
+    assert big.peak_rss is not None and small.peak_rss is not None
+    assert big.peak_rss >= 100 * MIB
+    assert small.peak_rss < big.peak_rss - 80 * MIB
+
+
+def test_recycles_after_max_jobs_per_worker(spawn: Callable[..., Worker]) -> None:
+    w = spawn(max_jobs_per_worker=2)
+    w.ready()
+    assert isinstance(w.run("noop"), JobDone)
+    assert isinstance(w.run("noop"), JobDone)
+    msg = w.recv()
+    assert isinstance(msg, Recycling) and "max_jobs_per_worker" in msg.reason
+    assert w.wait_exit() == exitcodes.RECYCLE
+
+
+def test_recycles_when_rss_stays_above_recycle_rss(spawn: Callable[..., Worker]) -> None:
+    baseline = limits.current_rss() or 0
+    w = spawn(recycle_rss=baseline + 64 * MIB)
+    w.ready()
+    assert isinstance(w.run("allocate", {"mib": 100}), JobDone)  # freed: no recycle
+    w.send(Ping(1))
+    assert isinstance(w.recv(), Pong)
+    assert isinstance(w.run("leak", {"mib": 100}), JobDone)  # kept: recycle
+    msg = w.recv()
+    assert isinstance(msg, Recycling) and "recycle_rss" in msg.reason
+    assert w.wait_exit() == exitcodes.RECYCLE
+
+
+def test_ping_is_answered_with_rss(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.send(Ping(41))
+    pong = w.recv()
+    assert isinstance(pong, Pong) and pong.seq == 41 and pong.rss and pong.rss > MIB
+
+
+def test_shutdown_exits_ok(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.send(protocol.Shutdown())
+    assert w.wait_exit() == exitcodes.OK
+
+
+def test_exits_when_the_parent_closes_its_end(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.sock.close()
+    assert w.wait_exit() == exitcodes.PARENT_GONE
+
+
+def test_a_bad_frame_exits_protocol_error(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.sock.sendall(protocol.HEADER.pack(5) + b"hello")
+    assert w.wait_exit() == exitcodes.PROTOCOL_ERROR
+
+
+def test_sigterm_and_sigint_are_ignored_even_mid_job(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.send(RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
+    assert w.recv() == Started(1)
+    os.kill(w.pid, signal.SIGTERM)
+    os.kill(w.pid, signal.SIGINT)
+    done = w.recv()
+    assert isinstance(done, JobDone) and json.loads(done.result) == 0.3
+    assert w.alive()
+
+
+def test_parent_signal_handlers_are_not_inherited(spawn: Callable[..., Worker]) -> None:
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        w = spawn()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    w.ready()
+    os.kill(w.pid, signal.SIGUSR1)  # default action again: terminate
+    assert w.wait_exit() == -signal.SIGUSR1
+
+
+def test_a_handler_that_exits_takes_the_worker_with_it(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.send(RunJob(1, "crash_exit", json.dumps({"code": 3}), 1, time.time() + 60, "t"))
+    assert w.recv() == Started(1)
+    assert w.wait_exit() == 3
+
+
+def test_result_that_is_not_json_is_an_exception(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    failed = w.run("unserialisable")
+    assert isinstance(failed, JobFailed) and failed.error_kind == "exception"
+    assert failed.message.startswith("result is not JSON-serialisable: TypeError")
+
+
+def test_unknown_kind_and_invalid_payload(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    failed = w.run("no_such_kind")
+    assert isinstance(failed, JobFailed) and failed.error_kind == "exception"
+    assert "no handler for kind 'no_such_kind'" in failed.message
+    w.send(RunJob(9, "echo", "{not json", 1, time.time() + 60, "t"))
+    failed = w.recv()
+    assert isinstance(failed, JobFailed) and failed.error_kind == "permanent"
+    assert "not valid JSON" in failed.message
+
+
+def test_exits_parent_gone_when_the_parent_pid_is_not_the_expected_one(
+    spawn: Callable[..., Worker],
+) -> None:
+    w = spawn(parent_pid=1)
+    assert w.wait_exit() == exitcodes.PARENT_GONE
+
+
+def test_dies_with_its_parent(tmp_path: Any) -> None:
+    """PR_SET_PDEATHSIG: a middle process forks the worker, then is killed."""
+    ours, theirs = socket.socketpair()
+    middle = os.fork()
+    if middle == 0:  # pragma: no cover - the child ends in os._exit
+        try:
+            ours.close()
+            spec = WorkerSpec(pool="test", slot=1, handlers=HANDLERS, parent_pid=os.getpid())
+            if os.fork() == 0:
+                main(theirs.fileno(), spec)
+            theirs.close()
+            signal.pause()
+        finally:
+            os._exit(99)
+    theirs.close()
+    with ours:
+        ready = protocol.read_frame(ours.fileno())
+        assert isinstance(ready, Ready)
+        os.kill(middle, signal.SIGKILL)
+        os.waitpid(middle, 0)
+        ours.settimeout(5)
+        assert ours.recv(1) == b""  # the worker's end closed: it is gone, not just orphaned
+        assert not os.path.exists(f"/proc/{ready.pid}") or _state(ready.pid) == "Z"
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
+def test_drops_privileges_and_still_resets_the_peak(spawn: Callable[..., Worker]) -> None:
+    w = spawn(user="nobody")
+    w.ready()
+    who = w.run("whoami")
+    assert isinstance(who, JobDone)
+    assert (json.loads(who.result)["uid"], json.loads(who.result)["gid"]) == (65534, 65534)
+    big, small = w.run("allocate", {"mib": 100}), w.run("noop")
+    assert big.peak_rss is not None and small.peak_rss is not None
+    assert big.peak_rss >= 100 * MIB and small.peak_rss < big.peak_rss - 80 * MIB
+
+
+def test_unknown_user_exits_setup_failed(spawn: Callable[..., Worker]) -> None:
+    w = spawn(user="no-such-user-fleetd")
+    assert w.wait_exit() == exitcodes.SETUP_FAILED
+
+
+def test_spec_is_checked_before_the_fork() -> None:
+    with pytest.raises(ValueError, match="rlimit_policy"):
+        WorkerSpec(pool="p", slot=0, handlers={}, parent_pid=1, rlimit_policy="rss")
+    with pytest.raises(ValueError, match="memory_limit"):
+        WorkerSpec(pool="p", slot=0, handlers={}, parent_pid=1, memory_limit=0)
+
+
+# --- handler loading and the job context, in this process ---
+
+
+def test_handler_import_errors_name_the_kind_spec_and_cause(tmp_path: Any, monkeypatch) -> None:
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('no config file')\n")
+    (tmp_path / "needs_dep.py").write_text("import fleetd_missing_dependency\n")
+    (tmp_path / "plain.py").write_text("VALUE = 3\ndef f(p):\n    return p\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = {
+        "tests.support.nope:render": "module 'tests.support.nope' not found",
+        "tests.support.handlers:nope": "'tests.support.handlers' has no attribute 'nope'",
+        "plain:VALUE": "'VALUE' is a int, not callable",
+        "raises_on_import:f": "import raised RuntimeError: no config file",
+        "needs_dep:f": "import raised ModuleNotFoundError: No module named",
+        "no_colon": "expected 'module:function'",
+    }
+    for spec, cause in cases.items():
+        with pytest.raises(HandlerImportError) as info:
+            load_handlers({"echo": "tests.support.handlers:echo", "render": spec})
+        assert str(info.value).startswith(f"handler 'render' ({spec!r}): {cause}")
+        assert "\n" not in str(info.value)
+    assert resolve("plain:f")(5) == 5
+
+
+def test_current_job_outside_a_job_raises() -> None:
+    with pytest.raises(RuntimeError, match="outside a job"):
+        current_job()
+
+
+def test_current_job_reaches_threads_the_handler_starts() -> None:
+    ctx = JobContext(7, "render", 2, time.time() + 5, "bulk")
+    seen: list[JobContext] = []
+    token = bind(ctx)
+    try:
+        t = threading.Thread(target=lambda: seen.append(current_job()))
+        t.start()
+        t.join()
+    finally:
+        unbind(token)
+    assert seen == [ctx] and 0 < ctx.remaining() <= 5
+    with pytest.raises(RuntimeError):
+        current_job()

@@ -1,0 +1,348 @@
+"""The worker's whole life after the fork: ``main(conn_fd, spec)``; it never returns.
+
+::
+
+    fork ─> setup ─────────────────────────────> Ready ─> loop
+            signals: INT/TERM ignored, parent's handlers and wake-up fd dropped, mask cleared
+            PR_SET_PDEATHSIG=SIGKILL, privilege drop, PDEATHSIG again, getppid() check
+            RLIMIT_CORE 0, memory rlimit, RLIMIT_NPROC, title "fleetd: pool#slot idle"
+
+    loop:  RunJob ─> Started ─> reset VmHWM ─> handler(payload) in this thread
+                         └─> JobDone(result) | JobFailed(exception|permanent|memory_limit)
+                             └─> recycle? ─> Recycling ─> exit RECYCLE
+           Ping ─> Pong(rss)        Shutdown ─> exit OK
+           EOF / broken pipe ─> exit PARENT_GONE      bad frame ─> exit PROTOCOL_ERROR
+
+The worker only knows its connection, its handler table and its limits. It never enforces
+deadlines or memory_limit itself: the parent kills it (SIGKILL) for a timeout, a lease it lost,
+an RSS over the limit or a drain. The handler runs in the main thread, so the worker reads no
+frame while a job runs; a frame the parent sends meanwhile waits in the socket.
+
+Exits go through ``os._exit``: the worker is a fork of the parent, and returning or unwinding
+into the parent's stack (its ``finally`` blocks, atexit hooks, buffered output) would run the
+parent's code twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import NoReturn
+
+from workers import context, exitcodes, limits, privileges, proctitle, protocol
+from workers.errors import one_line
+from workers.handlers import Handler
+from workers.outcome import MAX_TEXT, Outcome, call
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs, fixed before the fork.
+
+    ``handlers`` are already imported (``workers.handlers.load_handlers``). Sizes are bytes.
+    ``memory_limit`` caps memory through the ``rlimit_policy`` rlimit ("data", "as" or "off")
+    at ``memory_limit + rlimit_headroom`` (see ``workers.limits``); the exact limit on RSS is
+    the parent's watchdog. ``recycle_rss``: exit after a job that leaves RSS above it.
+    ``user``/``group`` (names or ids) need the parent to run as root.
+    """
+
+    pool: str
+    slot: int
+    handlers: Mapping[str, Handler]
+    parent_pid: int
+    memory_limit: int | None = None
+    rlimit_policy: str = "data"
+    rlimit_headroom: int = limits.DEFAULT_HEADROOM
+    max_jobs_per_worker: int | None = None
+    recycle_rss: int | None = None
+    nproc_limit: int | None = None
+    user: str | int | None = None
+    group: str | int | None = None
+    max_frame: int = protocol.MAX_FRAME
+
+    def __post_init__(self) -> None:
+        # Checked in the parent, before the fork: a bad spec must not become a fork loop.
+        if self.rlimit_policy not in limits.POLICIES:
+            raise ValueError(f"rlimit_policy {self.rlimit_policy!r} not in {limits.POLICIES}")
+        for name in ("memory_limit", "max_jobs_per_worker", "recycle_rss", "nproc_limit"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, not {value!r}")
+        if self.rlimit_headroom < 0:
+            raise ValueError(f"rlimit_headroom must not be negative, not {self.rlimit_headroom}")
+
+
+class _Exit(Exception):
+    """Unwind to ``main`` and exit with ``code``, saying ``why`` on stderr when given."""
+
+    def __init__(self, code: int, why: str | None = None) -> None:
+        super().__init__(code, why)
+        self.code = code
+        self.why = why
+
+
+def main(conn_fd: int, spec: WorkerSpec) -> NoReturn:
+    """Run a worker on ``conn_fd`` (a blocking, connected socket or pipe) until told to stop.
+
+    Call it in the child right after ``os.fork()``, from the parent's main thread, after the
+    parent flushed ``sys.stdout``/``sys.stderr`` and closed what the child must not keep.
+    Always ends in ``os._exit`` with a code from ``workers.exitcodes``.
+    """
+    code = exitcodes.INTERNAL_ERROR
+    try:
+        worker = _Worker(conn_fd, spec)
+        worker.setup()
+        worker.serve()
+    except _Exit as stop:
+        code = stop.code
+        if stop.why:
+            _say(spec, stop.why)
+    except BaseException:
+        _say(spec, "internal error\n" + traceback.format_exc())
+    finally:
+        _flush_stdio()
+        os._exit(code)
+
+
+class _Worker:
+    """The worker's state: its connection, spec, memory cap and job count. One thread."""
+
+    def __init__(self, conn_fd: int, spec: WorkerSpec) -> None:
+        self.fd = conn_fd
+        self.spec = spec
+        self.cap: limits.MemoryCap | None = None
+        self.jobs_done = 0
+        self.pid = os.getpid()
+
+    # --- setup ---
+
+    def setup(self) -> None:
+        """Everything between the fork and ``Ready``; failures exit SETUP_FAILED."""
+        _reset_signals()
+        os.set_blocking(self.fd, True)
+        limits.set_pdeathsig(signal.SIGKILL)  # at once: covers the privilege drop below
+        limits.prepare_peak_reset()  # before the uid change makes /proc/self root's
+        self._drop_privileges()
+        limits.set_pdeathsig(signal.SIGKILL)  # again: a uid or gid change cleared it
+        if os.getppid() != self.spec.parent_pid:
+            raise _Exit(exitcodes.PARENT_GONE, "the parent exited before PDEATHSIG was set")
+        self._apply_limits()
+        proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
+        self._send(protocol.Ready(os.getpid()))
+
+    def _drop_privileges(self) -> None:
+        """Switch to the pool's user/group, if any."""
+        try:
+            identity = privileges.resolve(self.spec.user, self.spec.group)
+            if identity is not None:
+                privileges.drop(identity)
+        except (KeyError, OSError) as exc:
+            why = f"setup failed: cannot switch to user={self.spec.user!r} "
+            raise _Exit(exitcodes.SETUP_FAILED, why + f"group={self.spec.group!r}: {exc}") from exc
+
+    def _apply_limits(self) -> None:
+        """RLIMIT_CORE 0, the memory cap and RLIMIT_NPROC."""
+        limits.disable_core_dumps()
+        spec = self.spec
+        try:
+            if spec.memory_limit is not None:
+                self.cap = limits.apply_memory_cap(
+                    spec.memory_limit, spec.rlimit_policy, spec.rlimit_headroom
+                )
+            if spec.nproc_limit is not None:
+                limits.limit_processes(spec.nproc_limit)
+        except (OSError, ValueError) as exc:
+            raise _Exit(exitcodes.SETUP_FAILED, f"setup failed: {exc}") from exc
+
+    # --- the loop ---
+
+    def serve(self) -> NoReturn:
+        """Answer frames until Shutdown, EOF or a recycle."""
+        while True:
+            msg = self._read()
+            if isinstance(msg, protocol.RunJob):
+                self._send_bytes(self._run(msg))
+                self._after_job()
+            elif isinstance(msg, protocol.Ping):
+                self._send(protocol.Pong(msg.seq, limits.current_rss()))
+            elif isinstance(msg, protocol.Shutdown):
+                raise _Exit(exitcodes.OK)
+            else:
+                why = f"unexpected {type(msg).__name__} frame from the parent"
+                raise _Exit(exitcodes.PROTOCOL_ERROR, why)
+
+    def _read(self) -> protocol.Message:
+        """The next frame; EOF or a read error means the parent is gone."""
+        try:
+            msg = protocol.read_frame(self.fd, self.spec.max_frame)
+        except protocol.ProtocolError as exc:
+            raise _Exit(exitcodes.PROTOCOL_ERROR, f"bad frame from the parent: {exc}") from exc
+        except OSError as exc:
+            raise _Exit(exitcodes.PARENT_GONE) from exc
+        if msg is None:
+            raise _Exit(exitcodes.PARENT_GONE)
+        return msg
+
+    def _send(self, msg: protocol.Message) -> None:
+        """Write one frame; a broken pipe means the parent is gone."""
+        self._send_bytes(protocol.encode(msg, self.spec.max_frame))
+
+    def _send_bytes(self, frame: bytes) -> None:
+        """Write an encoded frame, resuming partial writes."""
+        view = memoryview(frame)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            raise _Exit(exitcodes.PARENT_GONE) from exc
+
+    # --- one job ---
+
+    def _run(self, job: protocol.RunJob) -> bytes:
+        """Run one job; the encoded JobDone or JobFailed frame to send."""
+        spec = self.spec
+        handler = spec.handlers.get(job.kind)
+        if handler is None:
+            why = f"no handler for kind {job.kind!r} in pool {spec.pool!r}"
+            return self._failed(job, Outcome(error_kind=protocol.EXCEPTION, message=why))
+        try:
+            payload = json.loads(job.payload)
+        except ValueError as exc:  # the client checks payloads, so retrying cannot help
+            why = f"payload is not valid JSON: {exc}"
+            return self._failed(job, Outcome(error_kind=protocol.PERMANENT, message=why))
+        self._send(protocol.Started(job.job_id))
+        limits.reset_peak_rss()
+        proctitle.set_title(proctitle.title_busy(spec.pool, spec.slot, job.job_id, job.kind, 0))
+        token = context.bind(
+            context.JobContext(job.job_id, job.kind, job.attempt, job.deadline, spec.pool)
+        )
+        try:
+            outcome = call(handler, payload)
+        finally:
+            if os.getpid() != self.pid:
+                # A handler forked and its child returned here: two processes must never
+                # share the parent's connection. The copy leaves without a word.
+                os._exit(exitcodes.INTERNAL_ERROR)
+            context.unbind(token)
+            proctitle.set_title(proctitle.title_idle(spec.pool, spec.slot))
+        return self._reply(job, outcome)
+
+    def _reply(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
+        """Encode the result as JobDone, or the failure (also of encoding it) as JobFailed."""
+        if outcome.error_kind is not None:
+            return self._failed(job, outcome)
+        try:
+            text = json.dumps(outcome.result, allow_nan=False)
+            done = protocol.JobDone(job.job_id, text, outcome.duration, limits.peak_rss())
+            return protocol.encode(done, self.spec.max_frame)
+        except (TypeError, ValueError, RecursionError) as exc:
+            why = f"result is not JSON-serialisable: {one_line(exc)}"
+            failed = replace(outcome, error_kind=protocol.EXCEPTION, message=why)
+        except protocol.FrameTooLarge as exc:
+            why = f"result too large to send: {exc}"
+            failed = replace(outcome, error_kind=protocol.EXCEPTION, message=why)
+        except MemoryError:
+            why = "MemoryError while encoding the result"
+            failed = replace(outcome, error_kind=protocol.MEMORY_LIMIT, message=why)
+        return self._failed(job, failed)
+
+    def _failed(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
+        """Encode a JobFailed frame, adding the cap and the peak to a memory_limit message."""
+        peak = limits.peak_rss()
+        message = outcome.message
+        if outcome.error_kind == protocol.MEMORY_LIMIT:
+            message += self._memory_detail(peak)
+        failed = protocol.JobFailed(
+            job.job_id,
+            outcome.error_kind or protocol.EXCEPTION,
+            message[:MAX_TEXT],
+            outcome.tail[-MAX_TEXT:],
+            outcome.duration,
+            peak,
+        )
+        return protocol.encode(failed, self.spec.max_frame)
+
+    def _memory_detail(self, peak: int | None) -> str:
+        """``: allocation refused under RLIMIT_DATA 384 MiB (memory_limit 256 MiB), peak ...``."""
+        limit = self.spec.memory_limit
+        under = self.cap.describe() if self.cap else "no memory rlimit"
+        of = f" (memory_limit {limit // MIB} MiB)" if limit is not None else ""
+        peak_text = f", peak RSS {peak // MIB} MiB" if peak is not None else ""
+        return f": allocation refused under {under}{of}{peak_text}"
+
+    # --- between jobs ---
+
+    def _after_job(self) -> None:
+        """Count the job, flush the handler's output, and recycle when due."""
+        self.jobs_done += 1
+        _flush_stdio()
+        reason = self._recycle_reason()
+        if reason is not None:
+            self._send(protocol.Recycling(reason))
+            raise _Exit(exitcodes.RECYCLE)
+
+    def _recycle_reason(self) -> str | None:
+        """Why this worker should be replaced now, or None."""
+        spec = self.spec
+        if spec.max_jobs_per_worker is not None and self.jobs_done >= spec.max_jobs_per_worker:
+            return f"max_jobs_per_worker reached ({self.jobs_done} jobs)"
+        if spec.recycle_rss is None:
+            return None
+        rss = limits.current_rss()
+        if rss is None or rss <= spec.recycle_rss:
+            return None
+        # "Stays above": garbage and memory glibc kept after free() are not a leak.
+        gc.collect()
+        limits.trim_heap()
+        rss = limits.current_rss()
+        if rss is None or rss <= spec.recycle_rss:
+            return None
+        return (
+            f"RSS {rss // MIB} MiB after the job is above recycle_rss {spec.recycle_rss // MIB} MiB"
+        )
+
+
+def _reset_signals() -> None:
+    """Ignore SIGINT/SIGTERM; drop what the parent's signal setup left in this process.
+
+    The parent's Python handlers refer to the parent's objects, and its wake-up fd is the
+    parent's loop: a signal delivered here would write into it. A mask the parent held across
+    the fork is inherited too. SIGPIPE stays ignored (Python's default), so a write to a dead
+    parent raises BrokenPipeError instead of killing the worker silently.
+    """
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP and friends cannot be changed
+            continue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def _flush_stdio() -> None:
+    """Flush the handler's buffered output: ``os._exit`` would drop it."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _say(spec: WorkerSpec, text: str) -> None:
+    """One unbuffered line on stderr, prefixed with the worker's name."""
+    line = f"fleetd worker {spec.pool}#{spec.slot} (pid {os.getpid()}): {text}\n"
+    with contextlib.suppress(OSError):
+        os.write(2, line.encode("utf-8", "replace"))
