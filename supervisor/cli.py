@@ -182,7 +182,9 @@ def dlq_purge(config_path: str, ids: tuple[int, ...], pool: str | None) -> None:
 @friendly
 def start(config_path: str, node_id: str | None) -> None:
     """Run the supervisor in the foreground until SIGTERM or SIGINT (then drain)."""
-    raise FleetdError("fleetd start is not built yet")
+    from supervisor.run.boot import run
+
+    sys.exit(run(config_path, node_id=node_id))
 
 
 @main.command()

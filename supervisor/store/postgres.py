@@ -19,6 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.clock import Clock
 from supervisor.store.sql import SqlStore
+from supervisor.store.wake import PostgresWaker
 
 NOTIFY_CHANNEL = "fleetd_jobs"
 _MIGRATION_LOCK = 0x0F1EE7D  # advisory lock key: one migrator at a time
@@ -35,6 +36,10 @@ class PostgresStore(SqlStore):
             connect_args={"connect_timeout": 5, "application_name": "fleetd"},
         )
         super().__init__(engine, clock)
+        self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def waker(self) -> PostgresWaker:
+        return PostgresWaker(self._conninfo, NOTIFY_CHANNEL)
 
     def _db_now(self) -> ColumnElement[float]:
         return cast(extract("epoch", func.now()), Float(precision=53))

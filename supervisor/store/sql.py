@@ -108,12 +108,23 @@ class SqlStore:
         """A fresh random lease token per row, made by the database."""
         raise NotImplementedError
 
+    def _mostly_true(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
+        """Hook: ``condition`` as a planner hint that it holds for most rows (SQLite)."""
+        return condition
+
     def _insert(self) -> Any:
         """The dialect's INSERT construct (with ON CONFLICT support)."""
         raise NotImplementedError
 
     def _after_enqueue(self, conn: Connection, pools: set[str]) -> None:
         """Hook: wake supervisors waiting for work in ``pools`` (PostgreSQL NOTIFY)."""
+
+    def _after_commit(self, pools: set[str]) -> None:
+        """Hook: wake local supervisors once the new jobs are visible (SQLite)."""
+
+    def waker(self) -> Any:
+        """A ``Waker`` for the supervisor's loop, or None when this engine has none."""
+        return None
 
     def migrate(self) -> int:
         """Bring the schema up to date; return its version."""
@@ -149,6 +160,7 @@ class SqlStore:
             plain = iter(ids)
             out = [next(plain) if j.key is None else self._insert_keyed(conn, j) for j in new]
             self._after_enqueue(conn, {j.pool for j in new})
+        self._after_commit({j.pool for j in new})
         return out
 
     def _row_values(self) -> dict[str, Any]:
@@ -193,7 +205,7 @@ class SqlStore:
             .where(
                 jobs.c.pool == pool,
                 jobs.c.state == QUEUED,
-                jobs.c.available_at <= now,
+                self._mostly_true(jobs.c.available_at <= now),
                 jobs.c.kind.in_(sorted(kinds)),
             )
             .order_by(jobs.c.priority.desc(), jobs.c.available_at, jobs.c.id)

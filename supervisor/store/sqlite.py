@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, create_engine, event, func
+from sqlalchemy import Boolean, Connection, create_engine, event, func
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import ColumnElement
@@ -25,6 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.store.sql import SqlStore
+from supervisor.store.wake import LocalWaker, wake_local
 
 BUSY_TIMEOUT_MS = 30_000
 _AUTOCOMMIT = "fleetd_autocommit"
@@ -40,6 +41,7 @@ class SqliteStore(SqlStore):
         folder = Path(database).parent
         if not folder.is_dir():
             raise StoreError(f"cannot open {url}: folder {str(folder)!r} does not exist")
+        self.path = database
         engine = create_engine(url, pool_size=2, max_overflow=8)
         event.listen(engine, "connect", _on_connect)
         event.listen(engine, "begin", _on_begin)
@@ -50,6 +52,12 @@ class SqliteStore(SqlStore):
         with self._translated(), self.engine.connect() as conn:
             yield conn.execution_options(**{_AUTOCOMMIT: True})
 
+    def _after_commit(self, pools: set[str]) -> None:
+        wake_local(self.path, pools)
+
+    def waker(self) -> LocalWaker:
+        return LocalWaker(self.path)
+
     def _db_now(self) -> ColumnElement[float]:  # pragma: no cover - SQLite always has a clock
         raise AssertionError("SQLite uses the injected clock")
 
@@ -58,6 +66,14 @@ class SqliteStore(SqlStore):
 
     def _insert(self) -> Any:
         return sqlite_insert
+
+    def _mostly_true(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
+        """``likely(condition)``. Without statistics SQLite's planner takes a range on
+        ``available_at`` for selective and claims through ix_jobs_ready_age, sorting every
+        ready row (42 ms a claim at 100,000 queued, growing linearly). Most queued jobs are
+        ready, and saying so makes it walk ix_jobs_claim, already in claim order, and stop
+        after n rows."""
+        return func.likely(condition, type_=Boolean)
 
 
 def _on_connect(dbapi_conn: Any, _record: Any) -> None:

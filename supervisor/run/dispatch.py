@@ -1,0 +1,351 @@
+"""``Dispatcher``: moves jobs between the store and the workers, and keeps their leases.
+
+    store ──claim──> buffer ──RunJob──> worker ──JobDone/JobFailed──> outbox ──ack/fail──> store
+                       │                  │                             ^
+                       └── release (drain)┴── exit: classify ──fail/release┘
+    every heartbeat: one extend per pool for every lease held (buffer and workers); a lease
+    that was not extended (taken over, reaped) kills its worker: never run a job whose lease
+    you do not hold. So does a lease that ran out while the database was unreachable, or one
+    that reached max_lease_extensions (a timeout).
+
+Claims happen only for idle workers (plus ``prefetch``), and only when a wake-up came or the
+pool's adaptive poll is due. Results are written in batches once per loop pass. When the store
+is unreachable every write stays in the outbox and is retried with backoff; nothing is dropped.
+Owned by the supervisor's main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from supervisor.clock import Clock
+from supervisor.errors import StoreUnavailable
+from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease
+from supervisor.policy import KillReason, classify_exit, poll_delay, retry_delay
+from supervisor.run.counters import Counters
+from supervisor.run.pool import Pool
+from supervisor.run.workerproc import InFlight, WorkerHandle
+from supervisor.store import Store
+from workers import exitcodes, protocol
+
+log = logging.getLogger("fleetd.dispatch")
+
+
+@dataclass
+class Buffered:
+    """A job claimed ahead of a free worker (prefetch)."""
+
+    claimed: Claimed
+    lease_expires: float
+    extensions: int = 0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        store: Store,
+        pools: dict[str, Pool],
+        node_id: str,
+        clock: Clock,
+        counters: Counters,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.pools = pools
+        self.node_id = node_id
+        self.clock = clock
+        self.counters = counters
+        self.rng = rng or random.Random()
+        self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
+        self.acks: list[Ack] = []
+        self.fails: list[tuple[str, Failure]] = []  # (pool, failure)
+        self.releases: list[Lease] = []
+        self.next_heartbeat = {name: 0.0 for name in pools}
+        self.next_reap = 0.0
+        self.store_retry_at = 0.0  # after a store error, no call before this
+        self.store_failures = 0  # in a row
+
+    # ---- claim and hand out ------------------------------------------------------------
+
+    def wake(self, pool: Pool) -> None:
+        """New jobs were announced for ``pool``: poll it on this pass."""
+        pool.empty_claims = 0
+        pool.next_poll_at = 0.0
+
+    def claim(self, pool: Pool, now: float) -> None:
+        """Claim for this pool's idle workers (plus prefetch) when its poll is due."""
+        want = len(pool.idle()) + pool.config.prefetch - len(self.buffer[pool.name])
+        if want <= 0 or now < pool.next_poll_at or now < self.store_retry_at:
+            return
+        lease = pool.config.lease
+        try:
+            got = self.store.claim(
+                pool=pool.name, kinds=pool.kinds, n=want, node=self.node_id, lease=lease
+            )
+        except StoreUnavailable as exc:
+            self._store_failed(now, "claim", exc)
+            return
+        self._store_ok()
+        for claimed in got:
+            self.buffer[pool.name].append(Buffered(claimed, now + lease))
+            self.counters.claimed[pool.name] += 1
+            if claimed.attempt > 1:
+                self.counters.redeliveries[pool.name] += 1
+        pool.empty_claims = 0 if len(got) == want else pool.empty_claims + 1
+        pool.next_poll_at = now + (0.0 if len(got) == want else poll_delay(pool.empty_claims))
+
+    def assign(self, pool: Pool, now: float) -> None:
+        """Send buffered jobs to idle workers."""
+        queue = self.buffer[pool.name]
+        for worker in pool.idle():
+            if not queue:
+                return
+            item = queue.popleft()
+            c = item.claimed
+            run = protocol.RunJob(
+                c.job_id,
+                c.kind,
+                c.payload,
+                c.attempt,
+                self.clock.now() + pool.config.timeout,
+                c.lease.token,
+            )
+            try:
+                worker.send(run)
+            except (OSError, TimeoutError):
+                queue.appendleft(item)  # the worker is dying; its exit is handled on reap
+                worker.kill(KillReason("retire", "worker stopped reading"), now)
+                continue
+            worker.state = "busy"
+            worker.job = InFlight(
+                c, now, now + pool.config.timeout, item.lease_expires, item.extensions
+            )
+
+    # ---- results and exits -------------------------------------------------------------
+
+    def on_message(self, worker: WorkerHandle, msg: protocol.Message, now: float) -> None:
+        pool = self.pools[worker.pool]
+        job = worker.job
+        if isinstance(msg, protocol.Ready) and worker.state == "starting":
+            worker.state = "idle"
+            pool.boot_failures = 0
+        elif isinstance(msg, protocol.Started) and job is not None:
+            job.started_ack = True
+        elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
+            self.acks.append(Ack(job.claimed.lease, msg.result, msg.peak_rss, msg.duration))
+            self.counters.finished[(pool.name, "done")] += 1
+            self._job_over(worker)
+        elif isinstance(msg, protocol.JobFailed) and job and job.claimed.job_id == msg.job_id:
+            kind = ErrorKind(msg.error_kind)
+            self._failure(pool, job, kind, msg.message, msg.peak_rss, msg.duration)
+            self._job_over(worker)
+        elif isinstance(msg, protocol.Pong):
+            worker.last_rss = msg.rss
+        elif isinstance(msg, protocol.Recycling):
+            worker.state = "stopping" if worker.job is None else worker.state
+
+    def _job_over(self, worker: WorkerHandle) -> None:
+        worker.job = None
+        worker.jobs_done += 1
+        if worker.state == "busy":
+            worker.state = "idle"
+
+    def on_exit(self, worker: WorkerHandle, status: int, now: float) -> None:
+        """A worker was reaped: decide the fate of the job it held, if any."""
+        job = worker.job
+        if job is None:
+            return
+        pool = self.pools[worker.pool]
+        code = status >> 8 if status & 0x7F == 0 else None
+        if not job.started_ack and code == exitcodes.RECYCLE:
+            self.releases.append(job.claimed.lease)  # never started: hand it back untouched
+            return
+        verdict = classify_exit(status, worker.kill_reason)
+        if verdict.action == "fail":
+            assert verdict.error_kind is not None
+            peak = worker.last_rss
+            self._failure(pool, job, verdict.error_kind, verdict.message, peak, now - job.started)
+        elif verdict.action == "release":
+            self.releases.append(job.claimed.lease)
+        else:
+            self.counters.lost_leases += 1
+            log.warning("job %s: %s", job.claimed.job_id, verdict.message)
+
+    def _failure(
+        self,
+        pool: Pool,
+        job: InFlight,
+        kind: ErrorKind,
+        message: str,
+        peak: int | None,
+        duration: float | None,
+    ) -> None:
+        c = pool.config
+        delay = (
+            None
+            if kind is ErrorKind.PERMANENT
+            else retry_delay(job.claimed.attempt, c.retry_backoff, c.retry_backoff_max, self.rng)
+        )
+        failure = Failure(job.claimed.lease, kind, message, delay, peak, duration)
+        self.fails.append((pool.name, failure))
+        self.counters.finished[(pool.name, str(kind))] += 1
+        log.info(
+            "job %s %s attempt %d/%d failed: %s: %s",
+            job.claimed.job_id,
+            job.claimed.kind,
+            job.claimed.attempt,
+            job.claimed.max_deliveries,
+            kind,
+            message,
+        )
+
+    # ---- writing back ------------------------------------------------------------------
+
+    def flush(self, now: float) -> None:
+        """Write buffered acks, failures and releases (each list one call)."""
+        if now < self.store_retry_at or not (self.acks or self.fails or self.releases):
+            return
+        try:
+            if self.acks:
+                self.counters.lost_leases += len(self.store.ack(self.acks))
+                self.acks = []
+            if self.fails:
+                self._record_fails(self.store.fail([f for _, f in self.fails]))
+                self.fails = []
+            if self.releases:
+                self.counters.releases += len(self.store.release(self.releases))
+                self.releases = []
+        except StoreUnavailable as exc:
+            self._store_failed(now, "write results", exc)
+            return
+        self._store_ok()
+
+    def _record_fails(self, outcome) -> None:
+        self.counters.lost_leases += len(outcome.lost)
+        dead = set(outcome.dead)
+        for pool, f in self.fails:
+            if f.lease.job_id in dead:
+                self.counters.dead_letters[(pool, str(f.error_kind))] += 1
+                log.warning("job %s dead-lettered: %s: %s", f.lease.job_id, f.error_kind, f.message)
+
+    def release_buffered(self) -> None:
+        """Hand back every job claimed but not started (drain)."""
+        for queue in self.buffer.values():
+            self.releases.extend(item.claimed.lease for item in queue)
+            queue.clear()
+
+    @property
+    def pending_writes(self) -> int:
+        return len(self.acks) + len(self.fails) + len(self.releases)
+
+    # ---- leases ------------------------------------------------------------------------
+
+    def heartbeat(self, pool: Pool, now: float) -> None:
+        """Extend every lease this pool holds, in one statement, when due."""
+        if now < self.next_heartbeat[pool.name] or now < self.store_retry_at:
+            return
+        c = pool.config
+        held = [w for w in pool.workers.values() if w.job is not None and w.kill_reason is None]
+        for w in held:
+            if w.job is not None and w.job.extensions >= c.max_lease_extensions:
+                w.kill(
+                    KillReason(
+                        "timeout",
+                        f"held its lease through max_lease_extensions "
+                        f"({c.max_lease_extensions}) extensions",
+                    ),
+                    now,
+                )
+        held = [w for w in held if w.kill_reason is None]
+        leases = [w.job.claimed.lease for w in held if w.job] + [
+            b.claimed.lease for b in self.buffer[pool.name]
+        ]
+        if not leases:
+            self.next_heartbeat[pool.name] = now + c.heartbeat
+            return
+        try:
+            lost = set(self.store.extend(leases, lease=c.lease))
+        except StoreUnavailable as exc:
+            self._store_failed(now, "extend leases", exc)
+            return
+        self._store_ok()
+        self.next_heartbeat[pool.name] = now + c.heartbeat
+        self._apply_extension(pool, held, lost, now)
+
+    def _apply_extension(
+        self, pool: Pool, held: list[WorkerHandle], lost: set[Lease], now: float
+    ) -> None:
+        lease = pool.config.lease
+        for w in held:
+            job = w.job
+            if job is None:
+                continue
+            if job.claimed.lease in lost:
+                self.counters.lost_leases += 1
+                w.kill(KillReason("lease_lost", "its lease was taken over or expired"), now)
+            else:
+                job.lease_expires, job.extensions = now + lease, job.extensions + 1
+        kept = deque(b for b in self.buffer[pool.name] if b.claimed.lease not in lost)
+        for b in kept:
+            b.lease_expires, b.extensions = now + lease, b.extensions + 1
+        self.buffer[pool.name] = kept
+
+    def expire_unheld(self, now: float) -> None:
+        """Kill workers whose lease ran out without an extension (database unreachable)."""
+        for pool in self.pools.values():
+            for w in pool.busy():
+                if w.job is not None and w.kill_reason is None and now >= w.job.lease_expires:
+                    self.counters.lost_leases += 1
+                    w.kill(
+                        KillReason(
+                            "lease_lost", "its lease ran out while the database was unreachable"
+                        ),
+                        now,
+                    )
+            live = deque(b for b in self.buffer[pool.name] if b.lease_expires > now)
+            self.buffer[pool.name] = live
+
+    def reap(self, now: float, interval: float) -> None:
+        """Return expired leases of any node to the queue (every node runs this)."""
+        if now < self.next_reap or now < self.store_retry_at:
+            return
+        try:
+            out = self.store.reap()
+        except StoreUnavailable as exc:
+            self._store_failed(now, "reap", exc)
+            return
+        self._store_ok()
+        self.next_reap = now + interval
+        if out.count:
+            self.counters.lease_expiries += out.count
+            log.warning(
+                "reaper: %d expired lease(s): %d requeued, %d dead",
+                out.count,
+                len(out.requeued),
+                len(out.dead),
+            )
+
+    # ---- store health ------------------------------------------------------------------
+
+    def _store_failed(self, now: float, what: str, exc: Exception) -> None:
+        self.counters.store_errors += 1
+        self.store_failures += 1
+        backoff = min(5.0, 0.1 * 2 ** min(self.store_failures - 1, 10))
+        self.store_retry_at = now + backoff
+        if self.store_failures == 1 or self.store_failures % 20 == 0:
+            log.error(
+                "store unavailable (%s): %s; retrying in %.1fs (%d failures in a row)",
+                what,
+                exc,
+                backoff,
+                self.store_failures,
+            )
+
+    def _store_ok(self) -> None:
+        if self.store_failures:
+            log.warning("store reachable again after %d failed calls", self.store_failures)
+        self.store_failures = 0
+        self.store_retry_at = 0.0

@@ -1,0 +1,52 @@
+"""``Drain``: what SIGTERM and SIGINT mean, as explicit phases with monotonic deadlines.
+
+    running ──signal──> finishing ──all jobs reported──────────────> stopped
+                           │
+                           └──grace_period over, or a second signal──> killing ──> stopped
+
+- finishing: claim nothing more; release at once the jobs claimed but not started; idle
+  workers stop; busy ones keep running with their leases still extended.
+- killing: SIGKILL the busy workers; their jobs are released (visible at once, delivery not
+  counted), not failed.
+- stopped: every worker reaped and every result written (or, if the database stays unreachable
+  for ``write_patience``, left to the reaper: the leases expire, nothing is lost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUNNING, FINISHING, KILLING, STOPPED = "running", "finishing", "killing", "stopped"
+
+
+@dataclass
+class Drain:
+    grace_period: float
+    write_patience: float = 10.0
+    phase: str = RUNNING
+    deadline: float = 0.0  # end of the grace period (monotonic)
+    give_up_writes_at: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.phase != RUNNING
+
+    def on_signal(self, now: float) -> str:
+        """Advance on SIGTERM/SIGINT: the first starts the drain, the second skips the wait."""
+        if self.phase == RUNNING:
+            self.phase = FINISHING
+            self.deadline = now + self.grace_period
+        elif self.phase == FINISHING:
+            self.phase = KILLING
+        return self.phase
+
+    def tick(self, now: float, busy: int, workers: int, pending_writes: int) -> str:
+        """The phase after this pass, given what is still running and unwritten."""
+        if self.phase == FINISHING and now >= self.deadline:
+            self.phase = KILLING
+        if self.phase in (FINISHING, KILLING) and busy == 0 and workers == 0:
+            if pending_writes == 0 or (self.give_up_writes_at and now >= self.give_up_writes_at):
+                self.phase = STOPPED
+            elif not self.give_up_writes_at:
+                self.give_up_writes_at = now + self.write_patience
+        return self.phase

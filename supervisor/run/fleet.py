@@ -1,0 +1,357 @@
+"""``Fleet``: the supervisor process. One thread, one loop; it forks every worker.
+
+    ┌───────────── Loop.wait(until the next timer) ─────────────┐
+    │ signals → intents (drain, skip the grace period)          │
+    │ reap children → classify how each ended → fail / release  │
+    │ worker frames (read by the loop's callbacks)              │
+    │ watchdog → kill orders (deadline, RSS)                    │
+    │ per pool: heartbeat, claim, assign                        │
+    │ flush results, reap expired leases, publish the node row  │
+    │ spawn workers up to the target (with boot backoff)        │
+    └───────────────────────────────────────────────────────────┘
+
+No thread is ever started here, so forking stays safe: the store's connections are used only
+by this thread, the metrics socket (later) is served from the loop, and children close what
+they inherit from the parent before running a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from setproctitle import setproctitle
+
+from supervisor.clock import Clock, SystemClock
+from supervisor.config import FleetConfig
+from supervisor.policy import KillReason
+from supervisor.run import drain as phases
+from supervisor.run import watchdog
+from supervisor.run.counters import Counters
+from supervisor.run.dispatch import Dispatcher
+from supervisor.run.drain import Drain
+from supervisor.run.loop import Loop
+from supervisor.run.pool import Pool
+from supervisor.run.workerproc import WorkerHandle, fork_worker
+from supervisor.store import Store
+from workers import protocol
+
+log = logging.getLogger("fleetd.supervisor")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PUBLISH_EVERY = 1.0
+
+
+class Fleet:
+    def __init__(
+        self,
+        config: FleetConfig,
+        store: Store,
+        handlers: dict[str, dict[str, Callable[[Any], Any]]],
+        node_id: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.pid = os.getpid()
+        self.pools = {
+            name: Pool(pool_config, handlers[name], self.pid)
+            for name, pool_config in config.pools.items()
+        }
+        self.counters = Counters()
+        self.dispatcher = Dispatcher(store, self.pools, self.node_id, self.clock, self.counters)
+        self.drain = Drain(config.grace_period)
+        self.loop: Loop | None = None
+        self.waker: Any = None
+        self.next_waker_at = 0.0
+        self.next_publish = 0.0
+        self.reap_interval = min(10.0, max(0.5, min(p.lease for p in config.pools.values()) / 4))
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Boot, run until drained, return the exit status."""
+        self.boot()
+        assert self.loop is not None
+        while self.drain.phase != phases.STOPPED:
+            self.loop.wait(self.next_timeout())
+            now = self.clock.monotonic()
+            self.handle_signals(now)
+            self.reap_children(now)
+            self.run_watchdog(now)
+            self.dispatch(now)
+            self.spawn(now)
+            self.publish(now)
+            self.advance_drain(now)
+        self.shutdown()
+        return 0
+
+    def boot(self) -> None:
+        self.store.register_node(
+            node_id=self.node_id,
+            hostname=socket.gethostname(),
+            pid=self.pid,
+            fleet=self.config.name,
+        )
+        self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
+        self.connect_waker(self.clock.monotonic())
+        self.set_title()
+        log.info(
+            "fleetd supervisor %s started: %d pools, database %s",
+            self.node_id,
+            len(self.pools),
+            self.store.dialect,
+        )
+
+    def handle_signals(self, now: float) -> None:
+        assert self.loop is not None
+        for signum in self.loop.take_signals():
+            if signum not in STOP_SIGNALS:
+                continue  # SIGCHLD only wakes us: children are reaped every pass anyway
+            phase = self.drain.on_signal(now)
+            log.warning(
+                "%s: %s",
+                signal.Signals(signum).name,
+                {
+                    phases.FINISHING: f"draining (grace period {self.config.grace_period:g}s)",
+                    phases.KILLING: "stopping running jobs now and releasing them",
+                }.get(phase, "already stopping"),
+            )
+            if phase == phases.FINISHING:
+                self.begin_drain(now)
+
+    def dispatch(self, now: float) -> None:
+        d = self.dispatcher
+        d.expire_unheld(now)
+        for pool in self.pools.values():
+            d.heartbeat(pool, now)
+            if not self.drain.active:
+                d.claim(pool, now)
+                d.assign(pool, now)
+        d.flush(now)
+        if not self.drain.active:
+            d.reap(now, self.reap_interval)
+
+    def next_timeout(self) -> float:
+        """Seconds until the earliest timer: watchdog, polls, heartbeats, spawns, drain."""
+        now = self.clock.monotonic()
+        due = [
+            self.next_publish,
+            self.dispatcher.next_reap,
+            *self.dispatcher.next_heartbeat.values(),
+        ]
+        if self.dispatcher.pending_writes:
+            due.append(self.dispatcher.store_retry_at)
+        for pool in self.pools.values():
+            if pool.busy():
+                due.append(now + watchdog.PERIOD)
+            if pool.idle() and not self.drain.active:
+                due.append(max(pool.next_poll_at, self.dispatcher.store_retry_at))
+            if pool.live() < pool.target:
+                due.append(pool.next_spawn_at)
+        if self.drain.phase == phases.FINISHING:
+            due.append(self.drain.deadline)
+        if self.waker is None:
+            due.append(self.next_waker_at)
+        return max(0.0, min(due) - now) if due else 1.0
+
+    # ---- workers -----------------------------------------------------------------------
+
+    def spawn(self, now: float) -> None:
+        if self.drain.active:
+            return
+        for pool in self.pools.values():
+            while pool.spawn_due(now):
+                self.fork(pool, now)
+
+    def fork(self, pool: Pool, now: float) -> None:
+        assert self.loop is not None
+        spec = pool.spec()
+        worker = fork_worker(spec, now=now, child_cleanup=self.child_cleanup)
+        pool.workers[worker.pid] = worker
+        self.loop.watch(worker.fd, lambda w=worker: self.read_worker(w))
+        self.set_title()
+
+    def child_cleanup(self) -> None:
+        """In a new worker: close the parent's loop, sockets and wake-up channel."""
+        if self.loop is not None:
+            self.loop.reset_in_child()
+        for pool in self.pools.values():
+            for other in pool.workers.values():
+                other.sock.close()
+        if self.waker is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.waker.fileno())
+
+    def read_worker(self, worker: WorkerHandle) -> None:
+        assert self.loop is not None
+        try:
+            messages = worker.reader.read(worker.fd)
+        except (protocol.ProtocolError, OSError) as exc:
+            log.error("worker %s: broken frame: %s", worker.name, exc)
+            messages = None
+        now = self.clock.monotonic()
+        if messages is None:  # EOF: the worker is exiting; SIGCHLD brings its status
+            self.loop.unwatch(worker.fd)
+            return
+        for msg in messages:
+            self.dispatcher.on_message(worker, msg, now)
+
+    def reap_children(self, now: float) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            for pool in self.pools.values():
+                worker = pool.workers.get(pid)
+                if worker is not None:
+                    self.worker_exited(pool, worker, status, now)
+
+    def worker_exited(self, pool: Pool, worker: WorkerHandle, status: int, now: float) -> None:
+        assert self.loop is not None
+        booted = worker.state != "starting"
+        self.read_worker(worker)  # the last frames it wrote (a result may precede its death)
+        self.loop.unwatch(worker.fd)
+        worker.sock.close()
+        if worker.kill_reason is not None:
+            self.counters.worker_kills[(pool.name, worker.kill_reason.kind)] += 1
+        elif not booted:
+            self.counters.worker_boot_failures += 1
+        self.dispatcher.on_exit(worker, status, now)
+        pool.worker_gone(worker, booted, now)
+        self.set_title()
+
+    def run_watchdog(self, now: float) -> None:
+        workers = [w for p in self.pools.values() for w in p.busy()]
+        limits = {n: p.config.memory_limit for n, p in self.pools.items()}
+        timeouts = {n: p.config.timeout for n, p in self.pools.items()}
+        for worker, reason in watchdog.inspect(workers, limits, timeouts, now):
+            log.warning(
+                "worker %s (job %s): %s",
+                worker.name,
+                worker.job.claimed.job_id if worker.job else "-",
+                reason.detail,
+            )
+            worker.kill(reason, now)
+
+    # ---- draining and stopping ---------------------------------------------------------
+
+    def begin_drain(self, now: float) -> None:
+        self.dispatcher.release_buffered()
+        for pool in self.pools.values():
+            pool.target = 0
+            for worker in pool.workers.values():
+                if worker.state in ("idle", "starting"):
+                    worker.kill(KillReason("drain", "idle worker stopped by the drain"), now)
+
+    def advance_drain(self, now: float) -> None:
+        if not self.drain.active:
+            return
+        workers = [w for p in self.pools.values() for w in p.workers.values()]
+        busy = [w for w in workers if w.job is not None]
+        before = self.drain.phase
+        phase = self.drain.tick(now, len(busy), len(workers), self.dispatcher.pending_writes)
+        if phase == phases.KILLING:
+            for worker in workers:
+                if worker.kill_reason is None:
+                    worker.kill(KillReason("drain", "drain: grace period over"), now)
+        if phase == phases.STOPPED and self.dispatcher.pending_writes:
+            log.error(
+                "database unreachable: %d result(s) not written; their leases will "
+                "expire and the jobs be retried",
+                self.dispatcher.pending_writes,
+            )
+        if phase != before:
+            log.warning("drain: %s", phase)
+
+    def shutdown(self) -> None:
+        try:
+            self.store.node_heartbeat(self.node_id, state="stopped", snapshot=None)
+        except Exception as exc:
+            log.error("could not mark node stopped: %s", exc)
+        if self.waker is not None:
+            self.waker.close()
+        if self.loop is not None:
+            self.loop.close()
+        log.info("fleetd supervisor %s stopped: %s", self.node_id, self.summary())
+
+    def summary(self) -> str:
+        c = self.counters
+        done = sum(v for (_, outcome), v in c.finished.items() if outcome == "done")
+        return (
+            f"{done} done, {sum(c.dead_letters.values())} dead-lettered, "
+            f"{c.releases} released, {c.lease_expiries} expired leases reaped"
+        )
+
+    # ---- wake-ups and the node row -----------------------------------------------------
+
+    def connect_waker(self, now: float) -> None:
+        assert self.loop is not None
+        try:
+            self.waker = self.store.waker()
+        except Exception as exc:
+            log.warning("wake-up channel unavailable (%s); polling only", exc)
+            self.waker, self.next_waker_at = None, now + 5.0
+            return
+        if self.waker is not None:
+            self.loop.watch(self.waker.fileno(), self.on_wake)
+
+    def on_wake(self) -> None:
+        assert self.loop is not None
+        pools = self.waker.drain()
+        for name in pools:
+            if name in self.pools:
+                self.dispatcher.wake(self.pools[name])
+        if self.waker.broken:
+            self.loop.unwatch(self.waker.fileno())
+            self.waker.close()
+            self.waker = None
+            self.next_waker_at = self.clock.monotonic() + 1.0
+
+    def publish(self, now: float) -> None:
+        if self.waker is None and now >= self.next_waker_at and self.store.dialect != "sqlite":
+            self.connect_waker(now)
+        if now < self.next_publish:
+            return
+        self.next_publish = now + PUBLISH_EVERY
+        state = "draining" if self.drain.active else "running"
+        try:
+            self.store.node_heartbeat(self.node_id, state=state, snapshot=self.snapshot_json())
+        except Exception as exc:
+            log.debug("node heartbeat failed: %s", exc)
+
+    def snapshot_json(self) -> str:
+        pools = {
+            name: {
+                "workers": [
+                    {
+                        "pid": w.pid,
+                        "slot": w.slot,
+                        "state": w.state,
+                        "job": w.job.claimed.job_id if w.job else None,
+                        "kind": w.job.claimed.kind if w.job else None,
+                    }
+                    for w in pool.workers.values()
+                ],
+                "target": pool.target,
+            }
+            for name, pool in self.pools.items()
+        }
+        return json.dumps({"pid": self.pid, "pools": pools})
+
+    def set_title(self) -> None:
+        workers = sum(len(p.workers) for p in self.pools.values())
+        setproctitle(
+            f"fleetd: supervisor [{self.config.name}] {len(self.pools)} pools {workers} workers"
+        )

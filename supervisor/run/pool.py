@@ -1,0 +1,93 @@
+"""``Pool``: one pool's workers on this host, how many it wants, and its boot backoff.
+
+The pool forks up to ``target`` workers, each in the lowest free slot (slots name workers in
+titles and logs: ``bulk#3``). A worker that dies before it said Ready counts as a boot failure;
+after a run of them the pool waits ``policy.respawn_delay`` before the next fork, and says so,
+instead of fork-looping. Owned by the supervisor's main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.config import PoolConfig
+from supervisor.policy import respawn_delay
+from supervisor.run.workerproc import WorkerHandle
+from workers.runtime import WorkerSpec
+
+log = logging.getLogger("fleetd.pool")
+
+
+@dataclass
+class Pool:
+    config: PoolConfig
+    handlers: dict[str, Callable[[Any], Any]]
+    parent_pid: int
+    workers: dict[int, WorkerHandle] = field(default_factory=dict)  # by pid
+    target: int = 0
+    boot_failures: int = 0  # in a row; reset by a worker that reached Ready
+    next_spawn_at: float = 0.0
+    empty_claims: int = 0  # claims in a row that came back short (adaptive polling)
+    next_poll_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.target = self.config.min_workers
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def kinds(self) -> set[str]:
+        return set(self.config.handlers)
+
+    def idle(self) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.state == "idle"]
+
+    def busy(self) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.state == "busy"]
+
+    def live(self) -> int:
+        """Workers that count towards the target (not those being killed)."""
+        return sum(1 for w in self.workers.values() if w.state != "stopping")
+
+    def spawn_due(self, now: float) -> bool:
+        return self.live() < self.target and now >= self.next_spawn_at
+
+    def spec(self) -> WorkerSpec:
+        """The spec of the next worker: the lowest free slot."""
+        used = {w.slot for w in self.workers.values()}
+        slot = next(i for i in range(1, len(used) + 2) if i not in used)
+        c = self.config
+        return WorkerSpec(
+            pool=c.name,
+            slot=slot,
+            handlers=self.handlers,
+            parent_pid=self.parent_pid,
+            memory_limit=c.memory_limit,
+            max_jobs_per_worker=c.max_jobs_per_worker,
+            recycle_rss=c.recycle_rss,
+            nproc_limit=c.nproc_limit,
+            user=c.user,
+            group=c.group,
+        )
+
+    def worker_gone(self, worker: WorkerHandle, booted: bool, now: float) -> None:
+        """Forget a reaped worker; back off when workers keep dying before they are ready."""
+        self.workers.pop(worker.pid, None)
+        if booted or worker.kill_reason is not None:
+            self.boot_failures = 0
+            return
+        self.boot_failures += 1
+        delay = respawn_delay(self.boot_failures)
+        self.next_spawn_at = now + delay
+        log.warning(
+            "pool %s: worker %s died before it was ready (%d in a row); next fork in %.1fs",
+            self.name,
+            worker.name,
+            self.boot_failures,
+            delay,
+        )

@@ -1,0 +1,52 @@
+"""The watchdog decides *that* a busy worker must die, and why; it never kills by itself.
+
+Two limits, checked every watchdog tick (tens of milliseconds) for busy workers only:
+- wall clock: the job's deadline (``timeout``) has passed;
+- memory: the worker's RSS is above ``memory_limit``. One ``memory_info()`` read per busy
+  worker (~7 µs). The child's RLIMIT_DATA stops instant bombs itself; this stops the gradual
+  ones, with an overshoot bounded by the poll period times the allocation rate.
+
+What it cannot see: memory of the job's own subprocesses (only the worker's RSS is read), and
+a job that finishes between two polls above the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from supervisor.policy import KillReason
+from supervisor.run.workerproc import WorkerHandle
+from supervisor.units import format_duration, format_size
+
+PERIOD = 0.02  # seconds between watchdog passes while a job runs
+
+
+def inspect(
+    workers: Iterable[WorkerHandle],
+    limits: dict[str, int | None],
+    timeouts: dict[str, float],
+    now: float,
+) -> list[tuple[WorkerHandle, KillReason]]:
+    """Kill orders for busy workers past their deadline or memory limit."""
+    orders: list[tuple[WorkerHandle, KillReason]] = []
+    for worker in workers:
+        job = worker.job
+        if worker.state != "busy" or job is None or worker.kill_reason is not None:
+            continue
+        if now >= job.deadline:
+            took = format_duration(timeouts[worker.pool])
+            orders.append((worker, KillReason("timeout", f"ran past its timeout of {took}")))
+            continue
+        limit = limits[worker.pool]
+        if limit is None:
+            continue
+        rss = worker.rss()
+        if rss is not None:
+            worker.last_rss = max(worker.last_rss or 0, rss)
+        if rss is not None and rss > limit:
+            detail = (
+                f"worker RSS {format_size(rss)} passed memory_limit {format_size(limit)} "
+                f"(peak seen {format_size(worker.last_rss or rss)}); stopped by the watchdog"
+            )
+            orders.append((worker, KillReason("memory_limit", detail)))
+    return orders
