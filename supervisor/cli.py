@@ -188,6 +188,26 @@ def start(config_path: str, node_id: str | None) -> None:
 
 
 @main.command()
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    envvar="FLEETD_CONFIG",
+    default="conf/demo.toml",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The demo fleet's config.",
+)
+@click.option("--seconds", type=float, default=60.0, show_default=True, help="Longest run.")
+@friendly
+def demo(config_path: str, seconds: float) -> None:
+    """Run the demo fleet on a mix of ordinary and hostile jobs, live, then drain it."""
+    from supervisor.demo import run_demo
+
+    sys.exit(run_demo(config_path, seconds))
+
+
+@main.command()
 @config_option
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one snapshot as JSON.")
