@@ -9,6 +9,7 @@ from typing import Any
 
 from supervisor.config import FleetConfig, load_config
 from supervisor.imports import import_handlers
+from supervisor.store import display_url
 from supervisor.units import format_duration, format_size
 
 
@@ -19,7 +20,7 @@ def plan_for(config_path: str) -> dict[str, Any]:
     return {
         "config": str(config.path),
         "fleet": config.name,
-        "database": _shown_url(config.database),
+        "database": display_url(config.database),
         "pools": {name: _pool_plan(config, name) for name in config.pools},
     }
 
@@ -37,12 +38,6 @@ def _pool_plan(config: FleetConfig, name: str) -> dict[str, Any]:
         "heartbeat": pool.heartbeat,
         "max_deliveries": pool.max_deliveries,
     }
-
-
-def _shown_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def render_plan(plan: dict[str, Any]) -> str:

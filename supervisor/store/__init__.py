@@ -64,6 +64,17 @@ class Store(Protocol):
     def waker(self) -> Any: ...
 
 
+def display_url(url: str) -> str:
+    """A database URL fit to print: the password hidden."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<not a database URL>"
+
+
 def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True) -> Store:
     """Open (and by default migrate) the store at a SQLAlchemy URL. A URL that cannot be
     parsed, reached or migrated raises ``StoreError`` with one line that says which and why."""
