@@ -19,12 +19,13 @@ the full tables in docs/memory-limits.md)::
 
     (*) a parent that imported sqlalchemy, psutil, rich, click, prometheus_client, setproctitle
 
-Why: RLIMIT_AS counts every reservation, and a thread reserves 72 MiB of address space (an
-8 MiB stack plus a 64 MiB glibc malloc arena) while using a few KiB, so a 256 MiB cap allows
-five threads. RLIMIT_DATA counts writable private mappings: the 8 MiB stack of each thread,
-but of an arena only the part malloc has made writable. Both refuse the instant bomb at once and
-leave the child alive, and since Linux 4.7 RLIMIT_DATA covers private anonymous mmaps, which is
-where malloc puts every large block (measured above: not assumed).
+Why: RLIMIT_AS counts every reservation. A thread reserves an 8 MiB stack and, for each of the
+first 8 x cores threads that call malloc, a 64 MiB glibc arena, while using a few KiB: a 256 MiB
+cap allowed five threads (three arenas), and a numpy worker under ``as`` could not start ten
+threads even at 503 MiB. RLIMIT_DATA counts writable private mappings: each thread's 8 MiB
+stack, but of an arena only the part malloc has made writable. Both refuse the instant bomb at
+once and leave the child alive, and since Linux 4.7 RLIMIT_DATA covers private anonymous mmaps,
+which is where malloc puts every large block (measured above: not assumed).
 
 What the rlimit cannot do, and why the parent's RSS watchdog is the precise enforcer:
 
