@@ -164,6 +164,20 @@ def leak(payload: Payload) -> int:
 
 
 @recorded
+def fork_children(payload: Payload) -> int:
+    """Fork ``payload["n"]`` children that exit at once; return how many were forked.
+
+    Under RLIMIT_NPROC the fork that goes over raises BlockingIOError (EAGAIN).
+    """
+    for _ in range(int(payload.get("n", 1))):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    return int(payload.get("n", 1))
+
+
+@recorded
 def whoami(payload: Payload) -> dict[str, Any]:
     """The worker's pid, ids, job context and title, for tests of the runtime itself."""
     ctx = current_job()
