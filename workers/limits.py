@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import resource
 from dataclasses import dataclass
 
@@ -57,10 +58,13 @@ POLICIES = ("data", "as", "off")  # which rlimit caps memory; "off" leaves it to
 _RESOURCES = {"data": ("RLIMIT_DATA", "VmData"), "as": ("RLIMIT_AS", "VmSize")}
 PR_SET_PDEATHSIG = 1
 
-# (pid, fd) of a kept-open /proc/self/clear_refs (see prepare_peak_reset). The pid matters: an
-# fd inherited across fork still points at the *parent's* /proc entry and would reset its peak.
-# Owned by the worker's main thread.
-_clear_refs: tuple[int, int] | None = None
+# Kept-open /proc/self files, by name: (pid, fd). The pid matters: an fd inherited across fork
+# still points at the *parent's* /proc entry (it would read its figures, or reset its peak), so
+# a child opens its own. Owned by the worker's main thread.
+_proc_fds: dict[str, tuple[int, int]] = {}
+_STATUS_FIELD = re.compile(rb"^(VmSize|VmData|VmRSS|VmHWM):\s+(\d+) kB", re.MULTILINE)
+_HWM = re.compile(rb"VmHWM:\s+(\d+)")
+_RSS = re.compile(rb"VmRSS:\s+(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,44 +82,61 @@ class MemoryCap:
 
 def memory_status() -> dict[str, int]:
     """VmSize, VmData, VmRSS and VmHWM of this process in bytes; {} without /proc."""
-    out: dict[str, int] = {}
+    data = _read_status()
+    return {m[1].decode(): int(m[2]) * 1024 for m in _STATUS_FIELD.finditer(data)}
+
+
+def _read_status() -> bytes:
+    """/proc/self/status through a kept fd with pread (11 µs, against 55 µs for open, read
+    and a line-by-line parse: it is read after every job); b"" without /proc."""
+    fd = _proc_fd("status", os.O_RDONLY)
+    if fd is None:
+        return b""
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                key, _, rest = line.partition(b":")
-                if key in (b"VmSize", b"VmData", b"VmRSS", b"VmHWM"):
-                    out[key.decode()] = int(rest.split()[0]) * 1024  # the kernel writes kB
+        return os.pread(fd, 8192, 0)
     except OSError:
-        pass
-    return out
+        return b""
+
+
+def _status_bytes(pattern: re.Pattern[bytes]) -> int | None:
+    """One kB figure of /proc/self/status, in bytes."""
+    m = pattern.search(_read_status())
+    return int(m[1]) * 1024 if m else None
+
+
+def _proc_fd(name: str, flags: int) -> int | None:
+    """An fd on /proc/self/<name> opened by this process (see ``_proc_fds``), or None."""
+    pid = os.getpid()
+    kept = _proc_fds.get(name)
+    if kept is None or kept[0] != pid:
+        try:
+            fd = os.open(f"/proc/self/{name}", flags | os.O_CLOEXEC)
+        except OSError:
+            return None
+        _proc_fds[name] = kept = (pid, fd)  # an inherited fd is left open: it is the parent's
+    return kept[1]
 
 
 def peak_rss() -> int | None:
     """Peak RSS (VmHWM) in bytes since start or the last ``reset_peak_rss``; None if unknown."""
-    return memory_status().get("VmHWM")
+    return _status_bytes(_HWM)
 
 
 def current_rss() -> int | None:
     """Current RSS (VmRSS) in bytes, shared pages included; None without /proc."""
-    return memory_status().get("VmRSS")
+    return _status_bytes(_RSS)
 
 
 def prepare_peak_reset() -> bool:
-    """Open /proc/self/clear_refs now and keep it, so ``reset_peak_rss`` works later.
+    """Open /proc/self/clear_refs and /proc/self/status now and keep them.
 
     Call before dropping privileges: a change of uid makes the process non-dumpable, after which
-    /proc/self files belong to root and can no longer be opened for writing. An fd opened
-    before still writes (measured). Keeping the process non-dumpable matters: it holds a copy of
-    the parent's memory, and other processes of the unprivileged user must not read it.
+    /proc/self files belong to root and clear_refs can no longer be opened for writing. An fd
+    opened before still works (measured). Keeping the process non-dumpable matters: it holds a
+    copy of the parent's memory, and other processes of the unprivileged user must not read it.
     """
-    global _clear_refs
-    if _clear_refs is None or _clear_refs[0] != os.getpid():
-        try:
-            fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:
-            return False
-        _clear_refs = (os.getpid(), fd)  # an inherited fd is left alone: it is the parent's
-    return True
+    status = _proc_fd("status", os.O_RDONLY)
+    return _proc_fd("clear_refs", os.O_WRONLY) is not None and status is not None
 
 
 def reset_peak_rss() -> bool:
@@ -124,10 +145,11 @@ def reset_peak_rss() -> bool:
     Returns False when it cannot (no /proc, or the file could not be opened or written); the
     next ``peak_rss`` is then the peak since the last successful reset or since start.
     """
-    if not prepare_peak_reset() or _clear_refs is None:
+    fd = _proc_fd("clear_refs", os.O_WRONLY)
+    if fd is None:
         return False
     try:
-        os.write(_clear_refs[1], b"5")
+        os.write(fd, b"5")
     except OSError:
         return False
     return True

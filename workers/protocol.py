@@ -151,6 +151,10 @@ _SCHEMA: dict[type, dict[str, tuple[type, ...]]] = {
     cls: {name: _accepted(hint) for name, hint in typing.get_type_hints(cls).items()}
     for cls in _CLASSES
 }
+_FIELDS: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in _CLASSES}
+# One encoder for every frame: json.dumps with options builds a new encoder on each call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_DECODER = json.JSONDecoder()
 _FLOATS: dict[type, tuple[str, ...]] = {
     cls: tuple(name for name, hint in typing.get_type_hints(cls).items() if hint is float)
     for cls in _CLASSES
@@ -162,10 +166,11 @@ def encode(msg: Message, max_size: int = MAX_FRAME) -> bytes:
 
     Raises ``FrameTooLarge`` when the body would exceed ``max_size``.
     """
-    body: dict[str, object] = {"v": VERSION, "type": type(msg).__name__}
-    for f in fields(msg):
-        body[f.name] = getattr(msg, f.name)
-    data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    cls = type(msg)
+    body: dict[str, object] = {"v": VERSION, "type": cls.__name__}
+    for name in _FIELDS[cls]:
+        body[name] = getattr(msg, name)
+    data = _ENCODER.encode(body).encode()
     if len(data) > max_size:
         raise FrameTooLarge(f"{type(msg).__name__} frame of {len(data)} bytes > {max_size}")
     return HEADER.pack(len(data)) + data
@@ -181,8 +186,8 @@ def decode(frame: bytes) -> Message:
 def decode_body(body: bytes) -> Message:
     """The message in a frame body (the JSON object after the length prefix)."""
     try:
-        obj = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+        obj = _DECODER.decode(body.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
         raise ProtocolError(f"frame body is not JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise ProtocolError("frame body is not a JSON object")
