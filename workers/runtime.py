@@ -18,6 +18,12 @@ deadlines or memory_limit itself: the parent kills it (SIGKILL) for a timeout, a
 an RSS over the limit or a drain. The handler runs in the main thread, so the worker reads no
 frame while a job runs; a frame the parent sends meanwhile waits in the socket.
 
+SIGINT and SIGTERM are set to SIG_IGN, and an ignored disposition survives exec: processes a
+handler starts ignore them too. That keeps them running through a drain like the job itself
+(systemd sends SIGTERM to every process of the unit), and the parent's SIGKILL of the worker's
+process group still ends them; but ``Popen.terminate()`` will not stop them. Handlers should
+use ``kill()``, or restore SIG_DFL in the subprocess.
+
 Exits go through ``os._exit``: the worker is a fork of the parent, and returning or unwinding
 into the parent's stack (its ``finally`` blocks, atexit hooks, buffered output) would run the
 parent's code twice.
