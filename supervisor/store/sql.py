@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Float,
+    Integer,
     String,
     and_,
     bindparam,
@@ -56,6 +59,7 @@ from supervisor.store import migrations
 from supervisor.store.schema import jobs, nodes
 
 QUEUED, LEASED, DONE, DEAD = (s.value for s in JobState)
+_TIME = Float(precision=53)
 _BATCH = 500  # rows per statement for id lists (well under SQLite's bound-variable limit)
 
 
@@ -96,10 +100,15 @@ class SqlStore:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _now(self) -> ColumnElement[float]:
-        """ "Now" as SQL: the injected clock's value, or the database's clock."""
+        """Now as SQL: a parameter filled from the injected clock at execution (see
+        ``_exec``), or the database's clock."""
         if self._clock is not None:
-            return literal(self._clock.now(), Float(precision=53))
+            return bindparam("now", type_=_TIME)
         return self._db_now()
+
+    def _exec(self, conn: Connection, stmt: Any, params: dict[str, Any] | None = None) -> Any:
+        """Execute with the clock's "now" added (ignored by statements that do not use it)."""
+        return conn.execute(stmt, self._with_now(dict(params or {})))
 
     def _db_now(self) -> ColumnElement[float]:
         raise NotImplementedError
@@ -170,21 +179,33 @@ class SqlStore:
         values.update(
             state=QUEUED,
             enqueued_at=now,
-            available_at=now + bindparam("delay", type_=Float(precision=53)),
+            available_at=now + bindparam("delay", type_=_TIME),
         )
         return values
 
     def _insert_plain(self, conn: Connection, new: list[NewJob]) -> list[int]:
         if not new:
             return []
+        rows = [self._with_now(_params(j)) for j in new]
+        return list(conn.execute(self._insert_stmt, rows).scalars())
+
+    def _with_now(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self._clock is not None:
+            params["now"] = self._clock.now()
+        return params
+
+    @cached_property
+    def _insert_stmt(self) -> Any:
         stmt = insert(jobs).values(self._row_values())
-        stmt = stmt.returning(jobs.c.id, sort_by_parameter_order=True)
-        return list(conn.execute(stmt, [_params(j) for j in new]).scalars())
+        return stmt.returning(jobs.c.id, sort_by_parameter_order=True)
+
+    @cached_property
+    def _insert_keyed_stmt(self) -> Any:
+        stmt = self._insert()(jobs).values(self._row_values())
+        return stmt.on_conflict_do_nothing(index_elements=["kind", "key"]).returning(jobs.c.id)
 
     def _insert_keyed(self, conn: Connection, job: NewJob) -> int:
-        stmt = self._insert()(jobs).values(self._row_values())
-        stmt = stmt.on_conflict_do_nothing(index_elements=["kind", "key"]).returning(jobs.c.id)
-        inserted = conn.execute(stmt, _params(job)).scalar()
+        inserted = self._exec(conn, self._insert_keyed_stmt, _params(job)).scalar()
         if inserted is not None:
             return int(inserted)
         found = select(jobs.c.id).where(jobs.c.kind == job.kind, jobs.c.key == job.key)
@@ -199,27 +220,41 @@ class SqlStore:
         priority first, then longest waiting. Counts a delivery on each."""
         if n <= 0 or not kinds:
             return []
+        params = {
+            "c_pool": pool,
+            "c_kinds": sorted(kinds),
+            "c_n": n,
+            "c_node": node,
+            "c_lease": lease,
+        }
+        with self._auto() as conn:
+            rows = self._exec(conn, self._claim_stmt, params).all()
+        rows.sort(key=lambda r: (-r.priority, r.available_at, r.id))
+        return [_claimed(r) for r in rows]
+
+    @cached_property
+    def _claim_stmt(self) -> Any:
         now = self._now()
         ready = (
             select(jobs.c.id)
             .where(
-                jobs.c.pool == pool,
+                jobs.c.pool == bindparam("c_pool"),
                 jobs.c.state == QUEUED,
                 self._mostly_true(jobs.c.available_at <= now),
-                jobs.c.kind.in_(sorted(kinds)),
+                jobs.c.kind.in_(bindparam("c_kinds", expanding=True)),
             )
             .order_by(jobs.c.priority.desc(), jobs.c.available_at, jobs.c.id)
-            .limit(n)
+            .limit(bindparam("c_n", type_=Integer))
             .with_for_update(skip_locked=True)
         )
-        stmt = (
+        return (
             update(jobs)
             .where(jobs.c.id.in_(ready.scalar_subquery()))
             .values(
                 state=LEASED,
-                owner=node,
+                owner=bindparam("c_node"),
                 lease_token=self._token(),
-                locked_until=now + lease,
+                locked_until=now + bindparam("c_lease", type_=_TIME),
                 attempts=jobs.c.attempts + 1,
                 extensions=0,
                 started_at=now,
@@ -227,33 +262,56 @@ class SqlStore:
             )
             .returning(*_CLAIMED_COLUMNS)
         )
-        with self._auto() as conn:
-            rows = conn.execute(stmt).all()
-        rows.sort(key=lambda r: (-r.priority, r.available_at, r.id))
-        return [_claimed(r) for r in rows]
 
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]:
         """Push the leases' expiry to now + ``lease`` in one statement; return the leases that
         were NOT extended (lost: taken over, reaped or finished) so their workers can be killed."""
         if not leases:
             return []
-        stmt = (
+        with self._auto() as conn:
+            rows = self._exec(conn, self._extend_stmt, {"leases": _pairs(leases), "lease": lease})
+            kept = {Lease(r.id, r.lease_token) for r in rows}
+        return [lease_ for lease_ in leases if lease_ not in kept]
+
+    @cached_property
+    def _extend_stmt(self) -> Any:
+        return (
             update(jobs)
-            .where(jobs.c.state == LEASED, _lease_match(leases))
-            .values(locked_until=self._now() + lease, extensions=jobs.c.extensions + 1)
+            .where(jobs.c.state == LEASED, _LEASES_MATCH)
+            .values(
+                locked_until=self._now() + bindparam("lease", type_=_TIME),
+                extensions=jobs.c.extensions + 1,
+            )
             .returning(jobs.c.id, jobs.c.lease_token)
         )
-        with self._auto() as conn:
-            kept = {Lease(r.id, r.lease_token) for r in conn.execute(stmt)}
-        return [lease_ for lease_ in leases if lease_ not in kept]
 
     def ack(self, acks: Sequence[Ack]) -> list[Lease]:
         """Mark jobs done with their results; return the leases that were no longer ours
         (nothing changed for those)."""
         if not acks:
             return []
-        now = self._now()
-        stmt = (
+        now = self._clock.now() if self._clock is not None else None
+        with self._tx() as conn:
+            owned = self._owned(conn, [a.lease for a in acks])
+            params = [
+                {
+                    "b_id": a.lease.job_id,
+                    "b_token": a.lease.token,
+                    "b_result": a.result,
+                    "b_peak_rss": a.peak_rss,
+                    "b_duration": a.duration,
+                    "now": now,
+                }
+                for a in acks
+                if a.lease in owned
+            ]
+            if params:
+                conn.execute(self._ack_stmt, params)
+        return [a.lease for a in acks if a.lease not in owned]
+
+    @cached_property
+    def _ack_stmt(self) -> Any:
+        return (
             update(jobs)
             .where(
                 jobs.c.id == bindparam("b_id"),
@@ -265,37 +323,17 @@ class SqlStore:
                 result=bindparam("b_result"),
                 peak_rss=bindparam("b_peak_rss"),
                 duration=bindparam("b_duration"),
-                finished_at=now,
+                finished_at=self._now(),
                 owner=None,
                 locked_until=None,
             )
         )
-        with self._tx() as conn:
-            owned = self._owned(conn, [a.lease for a in acks])
-            params = [
-                {
-                    "b_id": a.lease.job_id,
-                    "b_token": a.lease.token,
-                    "b_result": a.result,
-                    "b_peak_rss": a.peak_rss,
-                    "b_duration": a.duration,
-                }
-                for a in acks
-                if a.lease in owned
-            ]
-            if params:
-                conn.execute(stmt, params)
-        return [a.lease for a in acks if a.lease not in owned]
 
     def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
         """Those of ``leases`` still valid (job leased under that token), their rows locked for
         this transaction (SQLite's write lock is already held; PostgreSQL locks the rows)."""
-        query = (
-            select(jobs.c.id, jobs.c.lease_token)
-            .where(jobs.c.state == LEASED, _lease_match(leases))
-            .with_for_update()
-        )
-        return {Lease(r.id, r.lease_token) for r in conn.execute(query)}
+        rows = conn.execute(_OWNED_STMT, {"leases": _pairs(leases)})
+        return {Lease(r.id, r.lease_token) for r in rows}
 
     def fail(self, failures: Sequence[Failure]) -> FailOutcome:
         """Record failed deliveries: retry after ``retry_delay`` while attempts remain,
@@ -304,32 +342,47 @@ class SqlStore:
         dead: list[int] = []
         lost: list[Lease] = []
         with self._tx() as conn:
-            for failure in failures:
-                row = conn.execute(self._fail_statement(failure)).first()
+            for f in failures:
+                stmt = self._dead_stmt if f.retry_delay is None else self._retry_stmt
+                params = {
+                    "leases": [(f.lease.job_id, f.lease.token)],
+                    "f_delay": f.retry_delay or 0.0,
+                    "f_error_kind": str(f.error_kind),
+                    "f_message": f.message,
+                    "f_peak_rss": f.peak_rss,
+                    "f_duration": f.duration,
+                }
+                row = self._exec(conn, stmt, params).first()
                 if row is None:
-                    lost.append(failure.lease)
+                    lost.append(f.lease)
                 else:
                     (dead if row.state == DEAD else retried).append(row.id)
         return FailOutcome(tuple(retried), tuple(dead), tuple(lost))
 
-    def _fail_statement(self, f: Failure) -> Any:
+    @cached_property
+    def _retry_stmt(self) -> Any:
+        return self._fail_statement(jobs.c.attempts >= jobs.c.max_deliveries)
+
+    @cached_property
+    def _dead_stmt(self) -> Any:
+        return self._fail_statement(literal(True))
+
+    def _fail_statement(self, at_limit: ColumnElement[bool]) -> Any:
         now = self._now()
-        if f.retry_delay is None:
-            at_limit: ColumnElement[bool] = literal(True)
-        else:
-            at_limit = jobs.c.attempts >= jobs.c.max_deliveries
-        delay = 0.0 if f.retry_delay is None else f.retry_delay
         return (
             update(jobs)
-            .where(jobs.c.state == LEASED, _lease_match([f.lease]))
+            .where(jobs.c.state == LEASED, _LEASES_MATCH)
             .values(
                 state=case((at_limit, DEAD), else_=QUEUED),
-                available_at=case((at_limit, jobs.c.available_at), else_=now + delay),
+                available_at=case(
+                    (at_limit, jobs.c.available_at),
+                    else_=now + bindparam("f_delay", type_=_TIME),
+                ),
                 finished_at=case((at_limit, now), else_=None),
-                error_kind=str(f.error_kind),
-                last_error=f.message,
-                peak_rss=f.peak_rss,
-                duration=f.duration,
+                error_kind=bindparam("f_error_kind"),
+                last_error=bindparam("f_message"),
+                peak_rss=bindparam("f_peak_rss", type_=BigInteger),
+                duration=bindparam("f_duration", type_=_TIME),
                 owner=None,
                 locked_until=None,
             )
@@ -341,9 +394,16 @@ class SqlStore:
         ids released (a lease no longer ours is skipped)."""
         if not leases:
             return []
-        stmt = (
+        with self._auto() as conn:
+            return sorted(
+                self._exec(conn, self._release_stmt, {"leases": _pairs(leases)}).scalars()
+            )
+
+    @cached_property
+    def _release_stmt(self) -> Any:
+        return (
             update(jobs)
-            .where(jobs.c.state == LEASED, _lease_match(leases))
+            .where(jobs.c.state == LEASED, _LEASES_MATCH)
             .values(
                 state=QUEUED,
                 attempts=jobs.c.attempts - 1,
@@ -354,17 +414,22 @@ class SqlStore:
             )
             .returning(jobs.c.id)
         )
-        with self._auto() as conn:
-            return sorted(conn.execute(stmt).scalars())
 
     def reap(self, *, limit: int = 1000) -> ReapOutcome:
         """Expired leases back to queued, or dead when the delivery limit is reached (recorded
         as ``lease_expired``). Safe to run on every node at once."""
+        with self._auto() as conn:
+            rows = self._exec(conn, self._reap_stmt, {"limit": limit}).all()
+        requeued = tuple(sorted(r.id for r in rows if r.state == QUEUED))
+        return ReapOutcome(requeued, tuple(sorted(r.id for r in rows if r.state == DEAD)))
+
+    @cached_property
+    def _reap_stmt(self) -> Any:
         now = self._now()
         expired = (
             select(jobs.c.id)
             .where(jobs.c.state == LEASED, jobs.c.locked_until < now)
-            .limit(limit)
+            .limit(bindparam("limit", type_=Integer))
             .with_for_update(skip_locked=True)
         )
         at_limit = jobs.c.attempts >= jobs.c.max_deliveries
@@ -374,7 +439,7 @@ class SqlStore:
             + literal(" expired during attempt ", String)
             + cast(jobs.c.attempts, String)
         )
-        stmt = (
+        return (
             update(jobs)
             .where(jobs.c.id.in_(expired.scalar_subquery()))
             .values(
@@ -388,10 +453,6 @@ class SqlStore:
             )
             .returning(jobs.c.id, jobs.c.state)
         )
-        with self._auto() as conn:
-            rows = conn.execute(stmt).all()
-        requeued = tuple(sorted(r.id for r in rows if r.state == QUEUED))
-        return ReapOutcome(requeued, tuple(sorted(r.id for r in rows if r.state == DEAD)))
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -429,7 +490,7 @@ class SqlStore:
         ready_q = select(func.count(), func.min(jobs.c.available_at), now).where(
             queued, jobs.c.available_at <= now
         )
-        ready, oldest, now_value = conn.execute(ready_q).one()
+        ready, oldest, now_value = self._exec(conn, ready_q).one()
         counts = dict(
             conn.execute(
                 select(jobs.c.state, func.count()).where(jobs.c.pool == pool).group_by(jobs.c.state)
@@ -458,10 +519,11 @@ class SqlStore:
         with self._tx() as conn:
             target = self._dead_ids(conn, ids, pool)
             for chunk in _chunks(target):
-                conn.execute(
+                self._exec(
+                    conn,
                     update(jobs)
                     .where(jobs.c.id.in_(chunk), jobs.c.state == DEAD)
-                    .values(state=QUEUED, attempts=0, available_at=self._now(), finished_at=None)
+                    .values(state=QUEUED, attempts=0, available_at=self._now(), finished_at=None),
                 )
         return target
 
@@ -504,7 +566,7 @@ class SqlStore:
                 .limit(batch)
             )
             with self._auto() as conn:
-                removed = conn.execute(delete(jobs).where(jobs.c.id.in_(old.scalar_subquery())))
+                removed = self._exec(conn, delete(jobs).where(jobs.c.id.in_(old.scalar_subquery())))
             total += removed.rowcount
             if removed.rowcount < batch:
                 return total
@@ -516,7 +578,8 @@ class SqlStore:
         now = self._now()
         with self._tx() as conn:
             conn.execute(delete(nodes).where(nodes.c.node_id == node_id))
-            conn.execute(
+            self._exec(
+                conn,
                 insert(nodes).values(
                     node_id=node_id,
                     hostname=hostname,
@@ -525,7 +588,7 @@ class SqlStore:
                     started_at=now,
                     heartbeat_at=now,
                     state="running",
-                )
+                ),
             )
 
     def node_heartbeat(self, node_id: str, *, state: str, snapshot: str | None) -> None:
@@ -536,7 +599,7 @@ class SqlStore:
             .values(heartbeat_at=self._now(), state=state, snapshot=snapshot)
         )
         with self._auto() as conn:
-            conn.execute(stmt)
+            self._exec(conn, stmt)
 
     def list_nodes(self) -> list[dict[str, Any]]:
         """Every node row, with ``age``: seconds since its last heartbeat (by the store's clock)."""
@@ -544,7 +607,7 @@ class SqlStore:
             nodes.c.node_id
         )
         with self._auto() as conn:
-            return [dict(r._mapping) for r in conn.execute(query)]
+            return [dict(r._mapping) for r in self._exec(conn, query)]
 
 
 # ---- row helpers ------------------------------------------------------------------------
@@ -564,9 +627,18 @@ _CLAIMED_COLUMNS = (
 )
 
 
-def _lease_match(leases: Sequence[Lease]) -> ColumnElement[bool]:
-    """(id, token) IN (...): row values work on PostgreSQL and on SQLite >= 3.15."""
-    return tuple_(jobs.c.id, jobs.c.lease_token).in_([(x.job_id, x.token) for x in leases])
+# (id, token) IN (...): row values work on PostgreSQL and on SQLite >= 3.15. An expanding
+# parameter keeps one compiled statement whatever the number of leases.
+_LEASES_MATCH = tuple_(jobs.c.id, jobs.c.lease_token).in_(bindparam("leases", expanding=True))
+_OWNED_STMT = (
+    select(jobs.c.id, jobs.c.lease_token)
+    .where(jobs.c.state == LEASED, _LEASES_MATCH)
+    .with_for_update()
+)
+
+
+def _pairs(leases: Sequence[Lease]) -> list[tuple[int, str]]:
+    return [(x.job_id, x.token) for x in leases]
 
 
 def _params(job: NewJob) -> dict[str, Any]:

@@ -1,0 +1,148 @@
+"""End-to-end figures through a real ``fleetd start`` (a subprocess, 2 workers by default):
+
+- throughput: no-op jobs per second while a pre-enqueued backlog drains, measured from the
+  database (first ``started_at`` to last ``finished_at``), so the supervisor's boot is excluded;
+- pickup latency on an idle fleet: one job enqueued with ``Client.enqueue`` after the fleet has
+  been idle long enough for its poll interval to reach its maximum (1 s); the figure is the
+  job's ``started_at - enqueued_at`` from the database, and ``client.wait`` round trip.
+
+Examples::
+
+    python -m stress bench-e2e                       # SQLite and PostgreSQL
+    python -m stress bench-e2e --engine sqlite --jobs 2000 --pickups 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from supervisor.client import Client
+from supervisor.model import JobState
+
+HELP = "end to end: no-op throughput and idle pickup latency through fleetd start"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
+    )
+    parser.add_argument("--jobs", type=int, default=5000, help="backlog for the throughput run")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--pickups", type=int, default=20, help="idle pickups to time")
+
+
+def run(args: argparse.Namespace) -> int:
+    engines = ("sqlite", "postgres") if args.engine == "both" else (args.engine,)
+    table = Table(title=f"fleetd end to end ({args.workers} workers, no-op jobs)")
+    for name in (
+        "engine",
+        "jobs",
+        "jobs/s",
+        "pickup p50",
+        "pickup p95",
+        "pickup max",
+        "enqueue→done p50",
+    ):
+        table.add_column(name, justify="right")
+    for engine in engines:
+        with tempfile.TemporaryDirectory(prefix="fleetd-e2e-") as tmp:
+            url = f"sqlite:///{tmp}/e2e.db" if engine == "sqlite" else _fresh_pg(args.postgres_url)
+            row = _measure(Path(tmp), url, args)
+            table.add_row(engine, *row)
+    Console().print(table)
+    return 0
+
+
+def _fresh_pg(base: str) -> str:
+    import psycopg
+
+    schema = f"bench_e2e_{os.getpid()}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{schema}"
+
+
+def _config(folder: Path, url: str, workers: int) -> Path:
+    path = folder / "fleet.toml"
+    path.write_text(f"""
+[fleet]
+database = "{url}"
+python_path = ["{ROOT}"]
+grace_period = "5s"
+
+[pools.bench]
+handlers = {{ noop = "stress.fixtures:noop" }}
+min_workers = {workers}
+max_workers = {workers}
+memory_limit = false
+""")
+    return path
+
+
+def _measure(folder: Path, url: str, args: argparse.Namespace) -> list[str]:
+    config = _config(folder, url, args.workers)
+    with Client.from_config(config) as client:
+        ids = client.enqueue_many([("noop", {}) for _ in range(args.jobs)])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "start", "-c", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(folder / "log", "wb"),
+        )
+        try:
+            rate = _throughput(client, ids)
+            pickups, round_trips = _pickups(client, args.pickups)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    q = statistics.quantiles(pickups, n=20) if len(pickups) > 1 else pickups * 19
+    return [
+        str(args.jobs),
+        f"{rate:,.0f}",
+        _ms(statistics.median(pickups)),
+        _ms(q[18]),
+        _ms(max(pickups)),
+        _ms(statistics.median(round_trips)),
+    ]
+
+
+def _throughput(client: Client, ids: list[int]) -> float:
+    last = ids[-1]
+    while client.get(last).state is not JobState.DONE:
+        time.sleep(0.2)
+    jobs = [j for j in client.store.list_jobs(limit=len(ids) + 10)]
+    first = min(j.started_at for j in jobs if j.started_at)
+    end = max(j.finished_at for j in jobs if j.finished_at)
+    return len(jobs) / (end - first)
+
+
+def _pickups(client: Client, n: int) -> tuple[list[float], list[float]]:
+    rng = random.Random(7)
+    pickups, round_trips = [], []
+    for _ in range(n):
+        time.sleep(1.5 + rng.random())  # idle long enough for the poll interval to reach 1 s
+        t0 = time.perf_counter()
+        job = client.wait(client.enqueue("noop", {}), timeout=30)
+        round_trips.append(time.perf_counter() - t0)
+        pickups.append(job.started_at - job.enqueued_at)
+    return pickups, round_trips
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
