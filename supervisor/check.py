@@ -7,21 +7,56 @@ from __future__ import annotations
 
 from typing import Any
 
+from supervisor import host
 from supervisor.config import FleetConfig, load_config
 from supervisor.imports import import_handlers
+from supervisor.run import memcg, watchdog
 from supervisor.store import display_url
 from supervisor.units import format_duration, format_size
+from workers import limits
 
 
 def plan_for(config_path: str) -> dict[str, Any]:
     """Load and validate the config, import every handler, and return the plan."""
     config = load_config(config_path)
     import_handlers(config)
+    cgroup = _cgroup_plan(config)
     return {
         "config": str(config.path),
         "fleet": config.name,
         "database": display_url(config.database),
-        "pools": {name: _pool_plan(config, name) for name in config.pools},
+        "host": {"cores": host.usable_cores(), "memory": host.total_memory()},
+        "memory_cgroup": cgroup,
+        "pools": {
+            name: {**_pool_plan(config, name), "memory": _memory_plan(config, name, cgroup)}
+            for name in config.pools
+        },
+    }
+
+
+def _cgroup_plan(config: FleetConfig) -> dict[str, Any]:
+    """Which cgroup memory mechanism ``fleetd start`` would use here (detected now, by this
+    process: run check as the user and in the cgroup fleetd runs in)."""
+    if not config.memory_cgroup:
+        found = host.MemoryCgroup("none", None, "memory_cgroup = false in fleet.toml")
+    else:
+        found = host.memory_cgroup()
+    path = str(found.path) if found.path is not None else None
+    return {"mechanism": found.mechanism, "path": path, "reason": found.reason}
+
+
+def _memory_plan(config: FleetConfig, name: str, cgroup: dict[str, Any]) -> dict[str, Any]:
+    """The mechanisms that enforce the pool's memory_limit: each None when not active."""
+    limit = config.pools[name].memory_limit
+    if limit is None:
+        return {"rlimit": None, "watchdog": None, "cgroup": None}
+    return {
+        # the worker adds the VmData-RSS gap it inherited at fork (workers.limits)
+        "rlimit": {"resource": "RLIMIT_DATA", "value": limit + limits.DEFAULT_HEADROOM},
+        "watchdog": {"measure": "worker RSS", "period": watchdog.PERIOD},
+        "cgroup": None
+        if cgroup["mechanism"] == "none"
+        else {"mechanism": cgroup["mechanism"], "limit": memcg.cgroup_limit(limit)},
     }
 
 
@@ -43,6 +78,9 @@ def _pool_plan(config: FleetConfig, name: str) -> dict[str, Any]:
 def render_plan(plan: dict[str, Any]) -> str:
     """The plan as a few lines per pool."""
     lines = [f"{plan['config']}: OK (fleet {plan['fleet']!r}, database {plan['database']})"]
+    h, cg = plan["host"], plan["memory_cgroup"]
+    lines.append(f"  host: {h['cores']} cores, {format_size(h['memory'])} memory")
+    lines.append(f"  memory cgroups: {cg['mechanism']} ({cg['reason']})")
     for name, p in plan["pools"].items():
         limit = format_size(p["memory_limit"]) if p["memory_limit"] else "none"
         lines.append(
@@ -51,4 +89,16 @@ def render_plan(plan: dict[str, Any]) -> str:
             f"timeout {format_duration(p['timeout'])}; lease {format_duration(p['lease'])} "
             f"(heartbeat {format_duration(p['heartbeat'])}); max_deliveries {p['max_deliveries']}"
         )
+        lines.append(f"    memory: {_render_memory(p['memory'])}")
     return "\n".join(lines)
+
+
+def _render_memory(m: dict[str, Any]) -> str:
+    if m["rlimit"] is None:
+        return "no memory_limit: no rlimit, no RSS watchdog, no cgroup"
+    r, w, c = m["rlimit"], m["watchdog"], m["cgroup"]
+    cgroup = f"cgroup {c['mechanism']} at {format_size(c['limit'])}" if c else "no cgroup"
+    return (
+        f"{r['resource']} {format_size(r['value'])} (+ the VmData-RSS gap at fork); "
+        f"RSS watchdog every {format_duration(w['period'])}; {cgroup}"
+    )

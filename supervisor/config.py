@@ -124,6 +124,12 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return check
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a boolean (expected true or false)")
+    return value
+
+
 def _text(pattern: str, expected: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if not isinstance(value, str) or not re.fullmatch(pattern, value):
@@ -452,6 +458,10 @@ class FleetConfig(BaseModel):
     )
     memory_budget: Annotated[MemoryBudget, BeforeValidator(MemoryBudget.parse)] = _key(
         MemoryBudget(fraction=0.8), "RSS all workers here may use: a share of memory, or a size"
+    )
+    memory_cgroup: Annotated[bool, BeforeValidator(_flag)] = _key(
+        True,
+        "a cgroup per worker at memory_limit + 128MiB where the host allows it (fleetd check)",
     )
     retention: Duration = _key(7 * 86400.0, "done jobs are pruned after this long")
     log_format: Annotated[str, BeforeValidator(_choice("human", "json"))] = _key(

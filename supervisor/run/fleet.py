@@ -37,6 +37,7 @@ from supervisor.run.counters import Counters
 from supervisor.run.dispatch import Dispatcher
 from supervisor.run.drain import Drain
 from supervisor.run.loop import Loop
+from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.pool import Pool
 from supervisor.run.workerproc import WorkerHandle, fork_worker
 from supervisor.store import Store
@@ -69,6 +70,7 @@ class Fleet:
         self.counters = Counters()
         self.dispatcher = Dispatcher(store, self.pools, self.node_id, self.clock, self.counters)
         self.drain = Drain(config.grace_period)
+        self.memcg = MemoryCgroups(enabled=config.memory_cgroup, pid=self.pid)
         self.loop: Loop | None = None
         self.waker: Any = None
         self.next_waker_at = 0.0
@@ -102,6 +104,7 @@ class Fleet:
             fleet=self.config.name,
         )
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
+        self.memcg.start()
         self.connect_waker(self.clock.monotonic())
         self.set_title()
         log.info(
@@ -176,6 +179,7 @@ class Fleet:
         assert self.loop is not None
         spec = pool.spec()
         worker = fork_worker(spec, now=now, child_cleanup=self.child_cleanup)
+        self.memcg.attach(worker, pool.config.memory_limit)  # before any job is sent
         pool.workers[worker.pid] = worker
         self.loop.watch(worker.fd, lambda w=worker: self.read_worker(w))
         self.set_title()
@@ -202,6 +206,8 @@ class Fleet:
         if messages is None:  # EOF: the worker is exiting; SIGCHLD brings its status
             self.loop.unwatch(worker.fd)
             return
+        if self.memcg.check_results(worker, messages, now):
+            return  # a process of its job was OOM-killed: stopped for memory_limit
         for msg in messages:
             self.dispatcher.on_message(worker, msg, now)
 
@@ -224,6 +230,7 @@ class Fleet:
         self.read_worker(worker)  # the last frames it wrote (a result may precede its death)
         self.loop.unwatch(worker.fd)
         worker.sock.close()
+        self.memcg.worker_exited(worker, status)  # a kernel OOM kill becomes memory_limit
         if worker.kill_reason is not None:
             self.counters.worker_kills[(pool.name, worker.kill_reason.kind)] += 1
         elif not booted:
@@ -244,6 +251,7 @@ class Fleet:
                 reason.detail,
             )
             worker.kill(reason, now)
+        self.memcg.inspect(workers, now)
 
     # ---- draining and stopping ---------------------------------------------------------
 
@@ -284,6 +292,7 @@ class Fleet:
             self.waker.close()
         if self.loop is not None:
             self.loop.close()
+        self.memcg.close()
         log.info("fleetd supervisor %s stopped: %s", self.node_id, self.summary())
 
     def summary(self) -> str:

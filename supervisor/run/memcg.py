@@ -1,0 +1,397 @@
+"""``MemoryCgroups``: one memory cgroup per worker, the kernel-enforced backstop of memory_limit.
+
+Layout, under the supervisor's own memory cgroup (``supervisor.host.memory_cgroup``)::
+
+    <our cgroup>/fleetd-<supervisor pid>/<pool>-<slot>-<worker pid>/
+
+Each worker's cgroup is limited to ``memory_limit + MARGIN``; swap is bounded too (v1
+``memory.memsw.limit_in_bytes`` = the same value, v2 ``memory.swap.max`` = 0), so a limit is
+not a licence to swap. The parent moves the worker in right after the fork, before any job is
+sent; everything the worker's job starts (subprocesses, their children, also after ``setsid``)
+is born inside it and counted together.
+
+Why a margin: the RSS watchdog (``supervisor.run.watchdog``) stops a worker at ``memory_limit``
+with the job's peak in the message; the cgroup must not beat it to it. MARGIN is
+``workers.limits.DEFAULT_HEADROOM`` (128 MiB), the same room the RLIMIT_DATA cap leaves: four
+times the watchdog's worst overshoot measured at its 20 ms poll (32 MiB, docs/memory-limits.md),
+over twice what a 2.4 GiB/s bomb grows in 20 ms, plus what the cgroup counts and RSS does not
+(page tables, kernel memory). Page cache is charged too but is reclaimed before an
+OOM kill. What the cgroup catches is what the others cannot: memory of the job's *subprocesses*
+(the watchdog reads only the worker's RSS; RLIMIT_DATA is per process), shared memory, and a
+supervisor too slow to poll.
+
+What the kernel does at the limit: it reclaims, then OOM-kills the largest process *in this
+cgroup only*. v2 gets ``memory.oom.group = 1`` (the whole worker dies at once); v1 has no such
+switch, so the victim may be one subprocess while the worker survives. Either way the job ends
+``memory_limit``:
+
+- the worker itself was killed: ``worker_exited`` finds the OOM kill in the cgroup's counter
+  (v1 ``memory.oom_control`` / v2 ``memory.events``: ``oom_kill N``) and gives it a KillReason;
+- a subprocess was killed: ``inspect`` (every watchdog period) or ``check_results`` (before a
+  JobFailed is believed: the handler usually fails *because* its child was killed) sees the
+  counter rise and kills the worker's process group with reason ``memory_limit``.
+
+After a worker is reaped its cgroup is removed as soon as it is empty (the job's processes die
+with the worker's process group, which takes a moment); processes still in it a second later
+escaped that kill (setsid) and get SIGKILL, with a warning.
+At start, the ``fleetd-<pid>`` cgroups of supervisors that are gone are removed when empty.
+Every operation degrades: a failure is logged once and that worker (or the fleet) runs without
+a cgroup, with the rlimit and the watchdog still in force. Owned by the main thread; no threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor import host
+from supervisor.policy import KillReason
+from supervisor.run.watchdog import PERIOD
+from supervisor.run.workerproc import WorkerHandle
+from supervisor.units import format_size
+from workers import limits, protocol
+
+log = logging.getLogger("fleetd.memcg")
+
+MARGIN = limits.DEFAULT_HEADROOM
+SWEEP_EVERY = 1.0  # seconds between retries of cgroup removals that failed
+_OURS = re.compile(r"fleetd-(?:probe-)?(\d+)")
+
+
+def cgroup_limit(memory_limit: int, margin: int = MARGIN) -> int:
+    """The cgroup limit for a pool's worker: ``memory_limit`` plus the margin."""
+    return memory_limit + margin
+
+
+@dataclass
+class WorkerCgroup:
+    path: Path
+    limit: int
+    memory_limit: int
+    oom_seen: int = 0  # the cgroup's oom_kill count already accounted for
+    next_check: float = 0.0
+
+
+class MemoryCgroups:
+    def __init__(
+        self,
+        enabled: bool = True,
+        *,
+        pid: int | None = None,
+        margin: int = MARGIN,
+        detect: Callable[[], host.MemoryCgroup] = host.memory_cgroup,
+    ) -> None:
+        self.enabled = enabled
+        self.pid = pid or os.getpid()
+        self.margin = margin
+        self.detect = detect
+        self.mechanism = host.MemoryCgroup("none", None, "not started")
+        self.base: Path | None = None  # <our cgroup>/fleetd-<pid>, once created
+        self.cgroups: dict[int, WorkerCgroup] = {}  # by worker pid
+        self.pending: dict[Path, float | None] = {}  # cgroups to remove: when to kill strays
+        self.oom_kills = 0  # kernel OOM kills seen in workers' cgroups
+        self._warned: set[str] = set()
+
+    @property
+    def version(self) -> str:
+        """The mechanism in use: v1, v2, or none when the fleet runs without cgroups."""
+        return self.mechanism.mechanism if self.base is not None else "none"
+
+    # ---- start and stop ----------------------------------------------------------------
+
+    def start(self) -> host.MemoryCgroup:
+        """Detect the mechanism, remove stale cgroups, create ours. Never raises."""
+        if not self.enabled:
+            self.mechanism = host.MemoryCgroup("none", None, "memory_cgroup = false in fleet.toml")
+        else:
+            self.mechanism = self.detect()
+        if self.mechanism.path is None:
+            log.info("memory cgroups off: %s", self.mechanism.reason)
+            return self.mechanism
+        parent = self.mechanism.path
+        self.remove_stale(parent)
+        base = parent / f"fleetd-{self.pid}"
+        try:
+            base.mkdir(exist_ok=True)
+            if self.mechanism.mechanism == "v2":
+                (base / "cgroup.subtree_control").write_text("+memory")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                base.rmdir()
+            self.mechanism = host.MemoryCgroup(
+                "none", None, f"cannot set up {base}: {exc.strerror or exc}"
+            )
+            log.warning("memory cgroups off: %s", self.mechanism.reason)
+            return self.mechanism
+        self.base = base
+        log.info(
+            "memory cgroups: %s, one per worker under %s at memory_limit + %s",
+            self.mechanism.mechanism,
+            base,
+            format_size(self.margin),
+        )
+        return self.mechanism
+
+    def remove_stale(self, parent: Path) -> list[Path]:
+        """Remove the empty ``fleetd-<pid>`` cgroups (and their empty worker cgroups) of
+        supervisors that are no longer running; return what was removed. A cgroup that still
+        holds processes is left alone and named in a warning."""
+        removed: list[Path] = []
+        try:
+            entries = [e for e in parent.iterdir() if e.is_dir() and _OURS.fullmatch(e.name)]
+        except OSError:
+            return removed
+        for entry in entries:
+            match = _OURS.fullmatch(entry.name)
+            assert match is not None
+            pid = int(match[1])
+            if pid == self.pid or _alive(pid):
+                continue
+            for child in _subdirs(entry):
+                if _remove(child):
+                    removed.append(child)
+                else:
+                    log.warning(
+                        "stale cgroup %s of a stopped fleetd still holds processes %s",
+                        child,
+                        " ".join(map(str, _procs(child))) or "(exiting)",
+                    )
+            if _remove(entry):
+                removed.append(entry)
+        if removed:
+            log.info("removed %d stale cgroup(s) of stopped supervisors", len(removed))
+        return removed
+
+    def close(self) -> None:
+        """At shutdown: empty and remove every worker cgroup left, then ours."""
+        paths = [*self.pending, *(cg.path for cg in self.cgroups.values())]
+        self.cgroups.clear()
+        self.pending = dict.fromkeys(paths, 0.0)  # at shutdown, strays are killed at once
+        self._sweep(float("inf"))
+        if self.base is not None and not _remove(self.base):
+            log.info(
+                "left %s behind (processes still exiting); the next fleetd removes it", self.base
+            )
+        self.base = None
+
+    # ---- one worker --------------------------------------------------------------------
+
+    def attach(self, worker: WorkerHandle, memory_limit: int | None) -> None:
+        """Put a freshly forked worker in a cgroup of its own (parent side, before any job)."""
+        if self.base is None or memory_limit is None:
+            return
+        limit = cgroup_limit(memory_limit, self.margin)
+        path = self.base / f"{worker.pool}-{worker.slot}-{worker.pid}"
+        try:
+            path.mkdir(exist_ok=True)
+            if self.mechanism.mechanism == "v2":
+                _write(path / "memory.max", limit)
+                _write(path / "memory.swap.max", 0, optional=True)
+                _write(path / "memory.oom.group", 1, optional=True)
+            else:
+                _write(path / "memory.limit_in_bytes", limit)
+                _write(path / "memory.memsw.limit_in_bytes", limit, optional=True)
+            _write(path / "cgroup.procs", worker.pid)
+        except OSError as exc:
+            gone = exc.errno == errno.ESRCH  # the worker died already: nothing to warn about
+            if not gone:
+                self._warn(
+                    "attach",
+                    f"worker {worker.name} runs without a memory cgroup: "
+                    f"cannot set up {path}: {exc.strerror or exc} (logged once)",
+                )
+            self._release(path)
+            return
+        self.cgroups[worker.pid] = WorkerCgroup(path, limit, memory_limit)
+
+    def path_of(self, pid: int) -> Path | None:
+        cg = self.cgroups.get(pid)
+        return cg.path if cg is not None else None
+
+    def inspect(self, workers: Iterable[WorkerHandle], now: float) -> None:
+        """For busy workers, at most once per watchdog period each: a kernel OOM kill inside
+        the worker's cgroup (a subprocess was the victim) stops the worker: memory_limit.
+        Also retries cgroup removals that failed."""
+        for worker in workers:
+            cg = self.cgroups.get(worker.pid)
+            if cg is None or worker.job is None or worker.kill_reason is not None:
+                continue
+            if now < cg.next_check:
+                continue
+            cg.next_check = now + PERIOD
+            self._kill_on_oom(worker, cg, now)
+        if self.pending:
+            self._sweep(now)
+
+    def check_results(
+        self, worker: WorkerHandle, messages: list[protocol.Message], now: float
+    ) -> bool:
+        """Before a busy worker's JobFailed is believed: if the kernel OOM-killed a process in
+        its cgroup, the failure is that kill's consequence. The worker is then stopped with
+        reason memory_limit and True returned: the caller drops the frames. Not done for
+        JobDone (a result is a result, and this keeps the hot path free of cgroup reads)."""
+        cg = self.cgroups.get(worker.pid)
+        job = worker.job
+        if cg is None or job is None or worker.kill_reason is not None:
+            return False
+        if not any(
+            isinstance(m, protocol.JobFailed) and m.job_id == job.claimed.job_id for m in messages
+        ):
+            return False
+        return self._kill_on_oom(worker, cg, now)
+
+    def worker_exited(self, worker: WorkerHandle, status: int) -> None:
+        """A worker was reaped. If it was SIGKILLed, not by us, after an OOM kill in its
+        cgroup, the kernel killed it at the limit: give it that KillReason (so the job ends
+        memory_limit, not crashed). Then empty and remove its cgroup."""
+        cg = self.cgroups.pop(worker.pid, None)
+        if cg is None:
+            return
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        if killed and worker.kill_reason is None:
+            count = self._oom_count(cg)
+            if count is not None and count > cg.oom_seen:
+                self.oom_kills += count - cg.oom_seen
+                cg.oom_seen = count
+                detail = (
+                    f"killed by the kernel at its cgroup limit of {format_size(cg.limit)} "
+                    f"(memory_limit {format_size(cg.memory_limit)} + {format_size(self.margin)}"
+                    f" margin{self._peak_text(cg)}): the job and its processes together"
+                )
+                if worker.state == "starting":  # not a job's doing: a boot failure, backed off
+                    log.warning("worker %s %s, before it was ready", worker.name, detail)
+                else:
+                    worker.kill_reason = KillReason("memory_limit", detail)
+                    log.warning(
+                        "worker %s (job %s): %s",
+                        worker.name,
+                        worker.job.claimed.job_id if worker.job else "-",
+                        detail,
+                    )
+        self._release(cg.path)
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _kill_on_oom(self, worker: WorkerHandle, cg: WorkerCgroup, now: float) -> bool:
+        count = self._oom_count(cg)
+        if count is None or count <= cg.oom_seen:
+            return False
+        new, cg.oom_seen = count - cg.oom_seen, count
+        self.oom_kills += new
+        detail = (
+            f"the kernel OOM-killed {new} process(es) of the job at the worker's cgroup limit "
+            f"of {format_size(cg.limit)} (memory_limit {format_size(cg.memory_limit)} + "
+            f"{format_size(self.margin)} margin{self._peak_text(cg)}); worker stopped"
+        )
+        log.warning(
+            "worker %s (job %s): %s",
+            worker.name,
+            worker.job.claimed.job_id if worker.job else "-",
+            detail,
+        )
+        worker.kill(KillReason("memory_limit", detail), now)
+        return True
+
+    def _oom_count(self, cg: WorkerCgroup) -> int | None:
+        """The cgroup's kernel OOM kill count; None if unreadable (a kernel before 4.13)."""
+        name = "memory.events" if self.mechanism.mechanism == "v2" else "memory.oom_control"
+        try:
+            text = (cg.path / name).read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return None
+
+    def _peak_text(self, cg: WorkerCgroup) -> str:
+        name = "memory.peak" if self.mechanism.mechanism == "v2" else "memory.max_usage_in_bytes"
+        try:
+            peak = int((cg.path / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return ""
+        return f"; cgroup peak {format_size(peak)}"
+
+    def _release(self, path: Path) -> None:
+        """Remove a reaped worker's cgroup, or leave it to the sweep while processes are in
+        it: right after the reap those are usually the job's processes still exiting from
+        the kill of the worker's process group."""
+        if _procs(path) or not _remove(path):
+            self.pending.setdefault(path, None)
+
+    def _sweep(self, now: float) -> None:
+        """Retry pending removals. A cgroup still holding processes SWEEP_EVERY after it was
+        first swept holds strays of a job that escaped the kill of its process group (setsid,
+        for instance): they get SIGKILL, and a warning once."""
+        for path, due in list(self.pending.items()):
+            strays = _procs(path)
+            if strays and due is None:
+                self.pending[path] = now + SWEEP_EVERY
+                continue
+            if strays and now >= due:
+                for pid in strays:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                self._warn(
+                    f"strays {path}",
+                    f"killed {len(strays)} process(es) a job left behind in {path.name}: "
+                    + " ".join(map(str, strays)),
+                )
+            if not strays and _remove(path):
+                del self.pending[path]
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", message)
+
+
+def _write(path: Path, value: int, optional: bool = False) -> None:
+    try:
+        path.write_text(str(value))
+    except OSError:
+        if not optional:  # a missing or refused optional knob (swap, oom.group) is skipped
+            raise
+
+
+def _procs(path: Path) -> list[int]:
+    try:
+        return [int(line) for line in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [c for c in path.iterdir() if c.is_dir()]
+    except OSError:
+        return []
+
+
+def _remove(path: Path) -> bool:
+    """rmdir a cgroup; True if it is gone (or never was)."""
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,163 @@
+"""Per-worker memory cgroups with real supervisors and real cgroups: a job whose memory lives in
+its own subprocesses (invisible to the RSS watchdog, each under RLIMIT_DATA) is stopped by the
+kernel at the worker's cgroup limit and ends ``memory_limit``; the cgroups of a supervisor that
+was SIGKILLed are removed by the next one. Skipped, with the detected reason, on a host where
+this process cannot use a cgroup memory controller."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor import host
+from supervisor.model import ErrorKind, JobState
+from supervisor.run.memcg import MARGIN, MemoryCgroups
+from tests.integration.fleet import Harness, handlers
+from tests.support.wait import eventually
+
+pytestmark = pytest.mark.slow
+
+MIB = 1024 * 1024
+LIMIT_MIB = 256
+
+
+@pytest.fixture
+def cgroup_parent() -> Path:
+    """Our own memory cgroup's directory (where fleetd-<pid> cgroups go), or skip."""
+    found = host.memory_cgroup()
+    if found.path is None:
+        print(f"no cgroup memory mechanism: {found.reason}")
+        pytest.skip(f"no cgroup memory mechanism here: {found.reason}")
+    return found.path
+
+
+def fleetd_dirs(parent: Path, pid: int, pool: str = "") -> list[Path]:
+    """The worker cgroups of supervisor ``pid`` (of one pool if given)."""
+    base = parent / f"fleetd-{pid}"
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.iterdir() if p.is_dir() and p.name.startswith(pool))
+
+
+@pytest.mark.parametrize("engine", ["sqlite"])  # nothing here depends on the store
+def test_a_job_whose_subprocesses_pass_the_limit_ends_memory_limit(
+    fleet: Harness, cgroup_parent: Path
+) -> None:
+    fleet.configure(
+        {
+            "tree": {
+                "handlers": {"tree_bomb": "tests.support.tree_handlers:tree_bomb"},
+                "min_workers": 1,
+                "max_workers": 1,
+                "memory_limit": f"{LIMIT_MIB}MiB",
+                "max_deliveries": 1,
+                "timeout": "30s",
+            },
+            "steady": {"handlers": handlers("echo"), "min_workers": 1, "max_workers": 1},
+        }
+    )
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "tree", 1)
+    # every worker of a pool with a memory_limit has a cgroup of its own, limited
+    [worker_cg] = eventually(lambda: fleetd_dirs(cgroup_parent, sup.pid, "tree-"))
+    v1 = worker_cg / "memory.limit_in_bytes"
+    limit = v1 if v1.exists() else worker_cg / "memory.max"
+    assert int(limit.read_text()) == LIMIT_MIB * MIB + MARGIN
+    [worker_pid] = [w["pid"] for w in sup.workers(fleet.store, "tree")]
+    assert str(worker_pid) in (worker_cg / "cgroup.procs").read_text().split()
+
+    # 4 subprocesses x 150 MiB: each far below the worker's RLIMIT_DATA, the worker's own RSS
+    # small, together 600 MiB, past the 384 MiB cgroup limit.
+    bomb = fleet.enqueue("tree_bomb", {"children": 4, "mib": 150, "hold": 20})
+    echo = fleet.enqueue("echo", {"n": 1})
+    job, neighbour = fleet.wait_final([bomb, echo], timeout=30, watch=[sup])
+
+    assert job.state == JobState.DEAD, job
+    assert job.error_kind == ErrorKind.MEMORY_LIMIT, job
+    assert "cgroup limit of 384MiB" in (job.last_error or ""), job.last_error
+    assert f"memory_limit {LIMIT_MIB}MiB" in (job.last_error or ""), job.last_error
+    assert neighbour.state == JobState.DONE
+    # the worker was replaced and the old one's cgroup removed; the new one has its own
+    new = eventually(
+        lambda: [d for d in fleetd_dirs(cgroup_parent, sup.pid, "tree-") if d != worker_cg]
+    )
+    assert len(new) == 1
+    eventually(lambda: not worker_cg.exists())
+    assert "kernel OOM-killed" in sup.log() or "killed by the kernel" in sup.log()
+
+    sup.signal(signal.SIGTERM)
+    assert sup.wait_exit(15) == 0
+    assert not (cgroup_parent / f"fleetd-{sup.pid}").exists()  # removed at shutdown
+
+
+@pytest.mark.parametrize("engine", ["sqlite"])
+def test_the_cgroups_of_a_killed_supervisor_are_removed_by_the_next(
+    fleet: Harness, cgroup_parent: Path
+) -> None:
+    fleet.configure(
+        {"p": {"handlers": handlers("echo"), "min_workers": 2, "memory_limit": "128MiB"}},
+    )
+    first = fleet.start("node-a")
+    first.wait_workers(fleet.store, "p", 2)
+    stale = cgroup_parent / f"fleetd-{first.pid}"
+    eventually(lambda: len(fleetd_dirs(cgroup_parent, first.pid)) == 2)
+    workers = first.track()
+    first.signal(signal.SIGKILL)
+    first.wait_exit(5)
+    eventually(lambda: not first.alive_descendants(), timeout=5)
+    assert stale.is_dir()  # nobody cleaned up after a SIGKILL
+    del workers
+
+    second = fleet.start("node-b")
+    second.wait_workers(fleet.store, "p", 2)
+    eventually(lambda: not stale.exists())
+    assert len(fleetd_dirs(cgroup_parent, second.pid)) == 2
+
+
+def test_stale_cleanup_removes_only_empty_cgroups_of_dead_supervisors(
+    cgroup_parent: Path,
+) -> None:
+    dead = [_dead_pid() for _ in range(2)]
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    made: list[Path] = []
+    try:
+        stale = cgroup_parent / f"fleetd-{dead[0]}"
+        stale_worker = stale / f"pool-1-{dead[1]}"
+        probe = cgroup_parent / f"fleetd-probe-{dead[1]}"
+        live = cgroup_parent / f"fleetd-{sleeper.pid}"  # its supervisor is still running
+        busy = cgroup_parent / f"fleetd-{dead[1]}"
+        busy_worker = busy / "pool-1-1"  # a dead supervisor's, but a process is still in it
+        for path in (stale, stale_worker, probe, live, busy, busy_worker):
+            path.mkdir()
+            made.append(path)
+        (busy_worker / "cgroup.procs").write_text(str(sleeper.pid))
+
+        memcg = MemoryCgroups(pid=os.getpid())
+        memcg.start()
+        try:
+            assert memcg.version in ("v1", "v2")
+            assert (cgroup_parent / f"fleetd-{os.getpid()}").is_dir()
+            assert not stale_worker.exists() and not stale.exists() and not probe.exists()
+            assert live.is_dir() and busy_worker.is_dir() and busy.is_dir()
+        finally:
+            memcg.close()
+        assert not (cgroup_parent / f"fleetd-{os.getpid()}").exists()
+    finally:
+        (cgroup_parent / "cgroup.procs").write_text(str(sleeper.pid))
+        sleeper.kill()
+        sleeper.wait()
+        for path in reversed(made):
+            if path.exists():
+                path.rmdir()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

@@ -1,0 +1,43 @@
+"""Test handlers whose memory lives in *subprocesses* of the job, where the parent's RSS
+watchdog (it reads the worker's RSS only) cannot see it and RLIMIT_DATA (per process) does not
+add it up. Only a cgroup around the worker's whole process tree can stop them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from tests.support.handlers import recorded
+
+# A child that touches ``argv[1]`` MiB (b"x" * n is a memset: every page resident), says so on
+# stdout, and holds it for ``argv[2]`` seconds. -I: no site or PYTHON* variables, just python.
+HOLD = (
+    "import sys, time\n"
+    "block = b'x' * (int(sys.argv[1]) << 20)\n"
+    "print(len(block) >> 20, flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
+
+
+@recorded
+def tree_bomb(payload: dict[str, Any]) -> list[int]:
+    """Start ``children`` subprocesses (default 4) that each hold ``mib`` MiB (default 150)
+    for ``hold`` seconds (default 15), one after the other, then wait for all of them. Raises
+    RuntimeError when one of them did not exit 0 (the kernel killed it, for instance)."""
+    n = int(payload.get("children", 4))
+    mib = int(payload.get("mib", 150))
+    hold = float(payload.get("hold", 15.0))
+    procs = []
+    for _ in range(n):
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", HOLD, str(mib), str(hold)],
+            stdout=subprocess.PIPE,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "150" once it holds its memory, "" if it died first
+    codes = [proc.wait() for proc in procs]
+    if any(codes):
+        raise RuntimeError(f"a child process failed: exit statuses {codes}")
+    return codes

@@ -1,0 +1,151 @@
+"""``MemoryCgroups`` decisions on a fake cgroup tree (plain folders and files in a temporary
+folder): when a kernel OOM kill inside a worker's cgroup becomes ``memory_limit``, and when it
+does not. Real cgroups are exercised in tests/integration/test_memcg.py."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from supervisor.host import MemoryCgroup
+from supervisor.model import ErrorKind
+from supervisor.policy import KillReason, classify_exit
+from supervisor.run.memcg import MARGIN, MemoryCgroups
+from supervisor.run.workerproc import WorkerHandle
+from workers import protocol
+
+MIB = 1024 * 1024
+SIGKILLED = signal.SIGKILL  # a wait status: killed by SIGKILL, no core
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process in a group of its own, so a worker's kill (killpg) hits only it."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def memcg(tmp_path: Path) -> MemoryCgroups:
+    m = MemoryCgroups(pid=4242, detect=lambda: MemoryCgroup("v1", tmp_path, "fake"))
+    m.start()
+    return m
+
+
+def worker(pid: int, state: str = "busy", job_id: int | None = 7) -> WorkerHandle:
+    w = WorkerHandle(pool="p", slot=1, pid=pid, sock=socket.socketpair()[0], spawned_at=0.0)
+    w.state = state
+    if job_id is not None:
+        w.job = SimpleNamespace(claimed=SimpleNamespace(job_id=job_id))  # type: ignore[assignment]
+    return w
+
+
+def attached(memcg: MemoryCgroups, w: WorkerHandle) -> Path:
+    memcg.attach(w, 256 * MIB)
+    path = memcg.path_of(w.pid)
+    assert path is not None
+    (path / "cgroup.procs").write_text("")  # a fake cgroup: nobody is really in it
+    (path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    (path / "memory.max_usage_in_bytes").write_text(str(384 * MIB))
+    return path
+
+
+def oom(path: Path, count: int = 1) -> None:
+    (path / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {count}\n")
+
+
+def test_attach_writes_the_limit_with_the_margin_and_the_pid(
+    memcg: MemoryCgroups, tmp_path: Path
+) -> None:
+    w = worker(31337)
+    memcg.attach(w, 256 * MIB)
+    path = tmp_path / "fleetd-4242" / "p-1-31337"
+    assert memcg.path_of(31337) == path
+    assert int((path / "memory.limit_in_bytes").read_text()) == 256 * MIB + MARGIN
+    assert int((path / "memory.memsw.limit_in_bytes").read_text()) == 256 * MIB + MARGIN
+    assert (path / "cgroup.procs").read_text() == "31337"
+
+
+def test_no_memory_limit_no_cgroup(memcg: MemoryCgroups) -> None:
+    w = worker(31337)
+    memcg.attach(w, None)
+    assert memcg.path_of(31337) is None
+
+
+def test_a_worker_sigkilled_after_an_oom_kill_in_its_cgroup_ends_memory_limit(
+    memcg: MemoryCgroups,
+) -> None:
+    w = worker(31337)
+    oom(attached(memcg, w))
+    memcg.worker_exited(w, SIGKILLED)
+    assert w.kill_reason is not None and w.kill_reason.kind == "memory_limit"
+    assert "killed by the kernel at its cgroup limit of 384MiB" in w.kill_reason.detail
+    assert "memory_limit 256MiB + 128MiB margin; cgroup peak 384MiB" in w.kill_reason.detail
+    verdict = classify_exit(SIGKILLED, w.kill_reason)
+    assert verdict.error_kind is ErrorKind.MEMORY_LIMIT
+    assert memcg.oom_kills == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "state", "reason", "oom_count"),
+    [
+        (SIGKILLED, "busy", None, 0),  # SIGKILL from someone else: crashed, as before
+        (3 << 8, "busy", None, 1),  # exited with a code: not the OOM killer
+        (SIGKILLED, "busy", KillReason("timeout", "ran past"), 1),  # our own reason wins
+        (SIGKILLED, "starting", None, 1),  # a boot failure stays one (backoff)
+    ],
+)
+def test_other_ends_are_left_alone(
+    memcg: MemoryCgroups, status: int, state: str, reason: KillReason | None, oom_count: int
+) -> None:
+    w = worker(31337, state=state)
+    w.kill_reason = reason
+    oom(attached(memcg, w), oom_count)
+    memcg.worker_exited(w, status)
+    assert w.kill_reason == reason
+
+
+def test_an_oom_kill_of_a_subprocess_stops_the_worker_before_its_failure_is_believed(
+    memcg: MemoryCgroups, sleeper: subprocess.Popen[bytes]
+) -> None:
+    w = worker(sleeper.pid)
+    path = attached(memcg, w)
+    failed = protocol.JobFailed(7, "exception", "child died", "", 0.1, None)
+    assert not memcg.check_results(w, [failed], now=1.0)  # no OOM kill: believed
+    assert w.kill_reason is None
+    oom(path)
+    done = protocol.JobDone(7, "null", 0.1, None)
+    assert not memcg.check_results(w, [done], now=1.0)  # a result is a result
+    assert memcg.check_results(w, [failed], now=1.0)
+    assert w.kill_reason is not None and w.kill_reason.kind == "memory_limit"
+    assert "OOM-killed 1 process(es) of the job" in w.kill_reason.detail
+    assert sleeper.wait(5) == -signal.SIGKILL
+
+
+def test_inspect_polls_busy_workers_once_per_period(
+    memcg: MemoryCgroups, sleeper: subprocess.Popen[bytes]
+) -> None:
+    w = worker(sleeper.pid)
+    path = attached(memcg, w)
+    memcg.inspect([w], now=1.0)
+    oom(path)
+    memcg.inspect([w], now=1.001)  # within the period: not read again
+    assert w.kill_reason is None
+    memcg.inspect([w], now=1.05)
+    assert w.kill_reason is not None and w.kill_reason.kind == "memory_limit"
+
+
+def test_disabled_by_config(tmp_path: Path) -> None:
+    m = MemoryCgroups(enabled=False, detect=lambda: MemoryCgroup("v1", tmp_path, "fake"))
+    found = m.start()
+    assert (found.mechanism, m.version) == ("none", "none")
+    assert "memory_cgroup = false" in found.reason
+    assert not list(tmp_path.iterdir())
