@@ -5,6 +5,6 @@ runs inside forked workers and must stay small and free of the parent's machiner
 """
 
 from workers.context import JobContext, current_job
-from workers.errors import Permanent
+from workers.errors import Permanent, SoftTimeout
 
-__all__ = ["JobContext", "Permanent", "current_job"]
+__all__ = ["JobContext", "Permanent", "SoftTimeout", "current_job"]

@@ -11,6 +11,17 @@ class Permanent(Exception):
     """
 
 
+class SoftTimeout(BaseException):
+    """Raised inside a handler whose job ran past ``timeout`` in a pool with a
+    ``soft_timeout``: the handler may clean up (``finally`` blocks run), and the worker is
+    killed ``soft_timeout`` seconds later whatever it does. The job fails as ``timeout``.
+
+    A ``BaseException``, so ``except Exception`` in handler code does not swallow it. Like any
+    Python signal handler it runs between bytecodes: a handler stuck in a C call does not see
+    it until that call returns, and is then killed.
+    """
+
+
 class HandlerImportError(Exception):
     """A ``"module:function"`` handler spec could not be turned into a callable.
 

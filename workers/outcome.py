@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers import protocol
-from workers.errors import Permanent, one_line
+from workers.errors import Permanent, SoftTimeout, one_line
 from workers.handlers import Handler
 
 TAIL_FRAMES = 6  # traceback frames kept in JobFailed.traceback_tail
@@ -75,6 +75,8 @@ def _classify(exc: BaseException) -> str:
     """permanent for ``Permanent``; memory_limit when a refused allocation is in the chain."""
     if isinstance(exc, Permanent):
         return protocol.PERMANENT
+    if isinstance(exc, SoftTimeout):
+        return protocol.TIMEOUT
     chained: BaseException | None = exc
     for _ in range(16):
         if chained is None:

@@ -42,7 +42,9 @@ HEADER = struct.Struct(">I")
 EXCEPTION = "exception"
 PERMANENT = "permanent"
 MEMORY_LIMIT = "memory_limit"
-ERROR_KINDS = frozenset({EXCEPTION, PERMANENT, MEMORY_LIMIT})
+TIMEOUT = "timeout"  # the handler stopped on SoftTimeout
+ERROR_KINDS = frozenset({EXCEPTION, PERMANENT, MEMORY_LIMIT, TIMEOUT})
+SOFT_TIMEOUT_SIGNAL = 10  # SIGUSR1: the parent's "your job is past its timeout"
 
 
 class ProtocolError(Exception):

@@ -40,10 +40,10 @@ import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from workers import context, exitcodes, limits, privileges, proctitle, protocol
-from workers.errors import one_line
+from workers.errors import SoftTimeout, one_line
 from workers.handlers import Handler
 from workers.outcome import MAX_TEXT, Outcome, call
 
@@ -232,7 +232,7 @@ class _Worker:
             context.JobContext(job.job_id, job.kind, job.attempt, job.deadline, spec.pool)
         )
         try:
-            outcome = call(handler, payload)
+            outcome = call(_soft_timeout_window(handler), payload)
         finally:
             if os.getpid() != self.pid:
                 # A handler forked and its child returned here: two processes must never
@@ -317,6 +317,29 @@ class _Worker:
         )
 
 
+def _raise_soft_timeout(signum: int, frame: object) -> None:
+    raise SoftTimeout("the job ran past its timeout; the worker is killed shortly")
+
+
+def _soft_timeout_window(handler: Handler) -> Handler:
+    """Accept the parent's soft-timeout signal only while the handler itself runs.
+
+    The signal stays blocked between jobs; one that arrives too late (the handler already
+    returned) stays pending and is dropped before the next handler starts."""
+    sigs = {protocol.SOFT_TIMEOUT_SIGNAL}
+
+    def run(payload: Any) -> Any:
+        signal.sigtimedwait(sigs, 0)  # one sent between jobs, for the previous job: drop it
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+        try:
+            return handler(payload)
+        finally:
+            signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+            signal.sigtimedwait(sigs, 0)
+
+    return run
+
+
 def _reset_signals() -> None:
     """Ignore SIGINT/SIGTERM; drop what the parent's signal setup left in this process.
 
@@ -334,7 +357,8 @@ def _reset_signals() -> None:
             continue
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, _raise_soft_timeout)
+    signal.pthread_sigmask(signal.SIG_SETMASK, {protocol.SOFT_TIMEOUT_SIGNAL})
 
 
 def _flush_stdio() -> None:

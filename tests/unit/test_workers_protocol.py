@@ -111,7 +111,7 @@ def test_encode_refuses_a_frame_over_the_limit() -> None:
                 "v": 1,
                 "type": "JobFailed",
                 "job_id": 1,
-                "error_kind": "timeout",
+                "error_kind": "crashed",
                 "message": "",
                 "traceback_tail": "",
                 "duration": 0,

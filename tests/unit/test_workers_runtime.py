@@ -307,14 +307,14 @@ def test_sigterm_and_sigint_are_ignored_even_mid_job(spawn: Callable[..., Worker
 
 
 def test_parent_signal_handlers_are_not_inherited(spawn: Callable[..., Worker]) -> None:
-    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    previous = signal.signal(signal.SIGUSR2, lambda *_: None)
     try:
         w = spawn()
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        signal.signal(signal.SIGUSR2, previous)
     w.ready()
-    os.kill(w.pid, signal.SIGUSR1)  # default action again: terminate
-    assert w.wait_exit() == -signal.SIGUSR1
+    os.kill(w.pid, signal.SIGUSR2)  # default action again: terminate
+    assert w.wait_exit() == -signal.SIGUSR2
 
 
 def test_a_handler_that_exits_takes_the_worker_with_it(spawn: Callable[..., Worker]) -> None:
@@ -466,3 +466,21 @@ def test_current_job_reaches_threads_the_handler_starts() -> None:
     assert seen == [ctx] and 0 < ctx.remaining() <= 5
     with pytest.raises(RuntimeError):
         current_job()
+
+
+def test_soft_timeout_signal_raises_inside_the_handler_only(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.send(protocol.RunJob(1, "sleep", json.dumps({"seconds": 30}), 1, time.time() + 60, "t"))
+    assert isinstance(w.recv(), protocol.Started)
+    failed = None
+    while failed is None:  # a signal sent before the handler starts is dropped as stale
+        os.kill(w.pid, protocol.SOFT_TIMEOUT_SIGNAL)
+        with contextlib.suppress(TimeoutError):
+            failed = w.recv(timeout=0.2)
+    assert isinstance(failed, protocol.JobFailed) and failed.error_kind == protocol.TIMEOUT
+    os.kill(w.pid, protocol.SOFT_TIMEOUT_SIGNAL)  # between jobs: blocked, then dropped
+    w.send(protocol.RunJob(2, "echo", json.dumps({"a": 1}), 1, time.time() + 60, "t"))
+    assert isinstance(w.recv(), protocol.Started)
+    done = w.recv()
+    assert isinstance(done, protocol.JobDone) and json.loads(done.result) == {"a": 1}
