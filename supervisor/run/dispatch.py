@@ -8,14 +8,16 @@
     you do not hold. So does a lease that ran out while the database was unreachable, or one
     that reached max_lease_extensions (a timeout).
 
-Claims happen only for idle workers (plus ``prefetch``), and only when a wake-up came or the
-pool's adaptive poll is due. Results are written in batches once per loop pass. When the store
-is unreachable every write stays in the outbox and is retried with backoff; nothing is dropped.
-Owned by the supervisor's main thread.
+Claims happen only for idle workers (plus ``prefetch``), and only when a wake-up came, the
+pool's adaptive poll is due, or a retry of a job this node failed becomes due (so retries keep
+their backoff instead of waiting for an idle pool's slow poll). Results are written in batches
+once per loop pass. When the store is unreachable every write stays in the outbox and is
+retried with backoff; nothing is dropped. Owned by the supervisor's main thread.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import random
 from collections import deque
@@ -64,6 +66,9 @@ class Dispatcher:
         self.fails: list[tuple[str, Failure]] = []  # (pool, failure)
         self.releases: list[Lease] = []
         self.next_heartbeat = {name: 0.0 for name in pools}
+        # when jobs this node failed become claimable again (monotonic, a heap per pool): an
+        # idle pool polls then, not at its adaptive poll's next slow tick
+        self.retries_due: dict[str, list[float]] = {name: [] for name in pools}
         self.next_reap = 0.0
         self.store_retry_at = 0.0  # after a store error, no call before this
         self.store_failures = 0  # in a row
@@ -77,9 +82,12 @@ class Dispatcher:
 
     def claim(self, pool: Pool, now: float) -> None:
         """Claim for this pool's idle workers (plus prefetch) when its poll is due."""
+        due = self.retries_due[pool.name]
         want = len(pool.idle()) + pool.config.prefetch - len(self.buffer[pool.name])
         if want <= 0 or now < pool.next_poll_at or now < self.store_retry_at:
             return
+        while due and due[0] <= now:  # this claim sees those retries
+            heapq.heappop(due)
         lease = pool.config.lease
         try:
             got = self.store.claim(
@@ -96,6 +104,8 @@ class Dispatcher:
                 self.counters.redeliveries[pool.name] += 1
         pool.empty_claims = 0 if len(got) == want else pool.empty_claims + 1
         pool.next_poll_at = now + (0.0 if len(got) == want else poll_delay(pool.empty_claims))
+        if due:
+            pool.next_poll_at = min(pool.next_poll_at, due[0])
 
     def assign(self, pool: Pool, now: float) -> None:
         """Send buffered jobs to idle workers."""
@@ -225,8 +235,11 @@ class Dispatcher:
 
     def _record_fails(self, outcome) -> None:
         self.counters.lost_leases += len(outcome.lost)
-        dead = set(outcome.dead)
+        dead, retried = set(outcome.dead), set(outcome.retried)
+        written = self.clock.monotonic()  # after the write: the store's "now + delay" is earlier
         for pool, f in self.fails:
+            if f.lease.job_id in retried and f.retry_delay is not None:
+                heapq.heappush(self.retries_due[pool], written + f.retry_delay)
             if f.lease.job_id in dead:
                 self.counters.dead_letters[(pool, str(f.error_kind))] += 1
                 log.warning("job %s dead-lettered: %s: %s", f.lease.job_id, f.error_kind, f.message)
