@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from supervisor.clock import Clock
 from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease
-from supervisor.policy import KillReason, classify_exit, poll_delay, retry_delay
+from supervisor.policy import KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
+from supervisor.run.exits import classify_exit
 from supervisor.run.pool import Pool
 from supervisor.run.workerproc import InFlight, WorkerHandle
 from supervisor.store import Store

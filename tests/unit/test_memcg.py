@@ -15,7 +15,8 @@ import pytest
 
 from supervisor.host import MemoryCgroup
 from supervisor.model import ErrorKind
-from supervisor.policy import KillReason, classify_exit
+from supervisor.policy import KillReason
+from supervisor.run.exits import classify_exit
 from supervisor.run.memcg import MARGIN, MemoryCgroups
 from supervisor.run.workerproc import WorkerHandle
 from workers import protocol

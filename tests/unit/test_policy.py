@@ -19,12 +19,11 @@ from supervisor.model import ErrorKind
 from supervisor.policy import (
     KillReason,
     backoff_cap,
-    classify_exit,
-    describe_status,
     poll_delay,
     respawn_delay,
     retry_delay,
 )
+from supervisor.run.exits import classify_exit, describe_status
 
 CORE_DUMPED = 0x80
 
