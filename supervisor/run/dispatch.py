@@ -32,6 +32,7 @@ from supervisor.run.exits import classify_exit
 from supervisor.run.pool import Pool
 from supervisor.run.workerproc import InFlight, WorkerHandle
 from supervisor.store import Store
+from supervisor.units import format_duration
 from workers import exitcodes, protocol
 
 log = logging.getLogger("fleetd.dispatch")
@@ -151,7 +152,13 @@ class Dispatcher:
             self._job_over(worker)
         elif isinstance(msg, protocol.JobFailed) and job and job.claimed.job_id == msg.job_id:
             kind = ErrorKind(msg.error_kind)
-            self._failure(pool, job, kind, msg.message, msg.peak_rss, msg.duration)
+            message = msg.message
+            if kind is ErrorKind.TIMEOUT:
+                message = (
+                    f"ran past its timeout of {format_duration(pool.config.timeout)}; "
+                    "the handler stopped on SoftTimeout"
+                )
+            self._failure(pool, job, kind, message, msg.peak_rss, msg.duration)
             self._job_over(worker)
         elif isinstance(msg, protocol.Pong):
             worker.last_rss = msg.rss
@@ -160,6 +167,7 @@ class Dispatcher:
 
     def _job_over(self, worker: WorkerHandle) -> None:
         worker.job = None
+        worker.soft_signalled_at = None
         worker.jobs_done += 1
         if worker.state == "busy":
             worker.state = "idle"

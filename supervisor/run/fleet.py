@@ -241,16 +241,20 @@ class Fleet:
 
     def run_watchdog(self, now: float) -> None:
         workers = [w for p in self.pools.values() for w in p.busy()]
-        limits = {n: p.config.memory_limit for n, p in self.pools.items()}
-        timeouts = {n: p.config.timeout for n, p in self.pools.items()}
-        for worker, reason in watchdog.inspect(workers, limits, timeouts, now):
+        configs = {name: pool.config for name, pool in self.pools.items()}
+        for worker, reason in watchdog.inspect(workers, configs, now):
+            if reason.kind == "wait":
+                continue
             log.warning(
                 "worker %s (job %s): %s",
                 worker.name,
                 worker.job.claimed.job_id if worker.job else "-",
                 reason.detail,
             )
-            worker.kill(reason, now)
+            if reason.kind == "soft_timeout":
+                worker.soft_stop(now)
+            else:
+                worker.kill(reason, now)
         self.memcg.inspect(workers, now)
 
     # ---- draining and stopping ---------------------------------------------------------

@@ -12,8 +12,9 @@ a job that finishes between two polls above the limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from supervisor.config import PoolConfig
 from supervisor.policy import KillReason
 from supervisor.run.workerproc import WorkerHandle
 from supervisor.units import format_duration, format_size
@@ -22,22 +23,20 @@ PERIOD = 0.02  # seconds between watchdog passes while a job runs
 
 
 def inspect(
-    workers: Iterable[WorkerHandle],
-    limits: dict[str, int | None],
-    timeouts: dict[str, float],
-    now: float,
+    workers: Iterable[WorkerHandle], pools: Mapping[str, PoolConfig], now: float
 ) -> list[tuple[WorkerHandle, KillReason]]:
-    """Kill orders for busy workers past their deadline or memory limit."""
+    """Orders for busy workers past their deadline or memory limit. A ``soft_timeout`` order
+    means "signal the handler" (``SoftTimeout``); every other order means SIGKILL."""
     orders: list[tuple[WorkerHandle, KillReason]] = []
     for worker in workers:
         job = worker.job
         if worker.state != "busy" or job is None or worker.kill_reason is not None:
             continue
+        config = pools[worker.pool]
         if now >= job.deadline:
-            took = format_duration(timeouts[worker.pool])
-            orders.append((worker, KillReason("timeout", f"ran past its timeout of {took}")))
+            orders.append((worker, _deadline_order(worker, config, now)))
             continue
-        limit = limits[worker.pool]
+        limit = config.memory_limit
         if limit is None:
             continue
         rss = worker.rss()
@@ -50,3 +49,17 @@ def inspect(
             )
             orders.append((worker, KillReason("memory_limit", detail)))
     return orders
+
+
+def _deadline_order(worker: WorkerHandle, config: PoolConfig, now: float) -> KillReason:
+    """Past the deadline: first the soft signal when the pool has a soft_timeout window,
+    then SIGKILL once the window is over (or at once without one)."""
+    took = f"ran past its timeout of {format_duration(config.timeout)}"
+    if config.soft_timeout > 0 and worker.soft_signalled_at is None:
+        return KillReason("soft_timeout", f"{took}; SoftTimeout raised in the handler")
+    if (
+        worker.soft_signalled_at is not None
+        and now < worker.soft_signalled_at + config.soft_timeout
+    ):
+        return KillReason("wait", "")
+    return KillReason("timeout", took)

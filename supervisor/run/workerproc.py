@@ -52,6 +52,7 @@ class WorkerHandle:
     state: str = "starting"  # starting, idle, busy, stopping
     job: InFlight | None = None
     kill_reason: KillReason | None = None
+    soft_signalled_at: float | None = None  # SoftTimeout sent to the running job
     killed_at: float | None = None
     last_rss: int | None = None
     jobs_done: int = 0
@@ -87,6 +88,12 @@ class WorkerHandle:
             return self.proc.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
+
+    def soft_stop(self, now: float) -> None:
+        """Ask the running handler to stop (``workers.SoftTimeout``); SIGKILL follows."""
+        self.soft_signalled_at = now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, protocol.SOFT_TIMEOUT_SIGNAL)
 
     def kill(self, reason: KillReason, now: float) -> None:
         """SIGKILL the worker's process group (the job's own children die with it). The

@@ -96,3 +96,33 @@ def test_a_flaky_job_is_retried_with_backoff_and_ends_done(fleet: Harness) -> No
     for attempt, gap in enumerate(gaps, start=1):
         # full jitter: anywhere from 0 up to retry_backoff * 2**(attempt - 1)
         assert 0 <= gap <= backoff_cap(attempt, RETRY_BACKOFF, 10.0) + SLACK, gaps
+
+
+def test_a_soft_timeout_lets_the_handler_clean_up_and_the_worker_lives_on(
+    fleet: Harness, tmp_path
+) -> None:
+    pools = {
+        "soft": {
+            "handlers": handlers("hang_with_cleanup", "echo"),
+            "min_workers": 1,
+            "max_workers": 1,
+            "timeout": "1s",
+            "soft_timeout": "2s",
+            "max_deliveries": 1,
+        }
+    }
+    fleet.configure(pools)
+    sup = fleet.start()
+    marker = tmp_path / "cleaned"
+    job_id = fleet.enqueue("hang_with_cleanup", {"cleanup": str(marker)})
+    (job,) = fleet.wait_final([job_id], timeout=15, watch=[sup])
+    assert job.state == JobState.DEAD and job.error_kind == ErrorKind.TIMEOUT, job
+    assert "SoftTimeout" in (job.last_error or "") and "1s" in (job.last_error or "")
+    assert job.finished_at is not None and job.started_at is not None
+    assert job.finished_at - job.started_at < 1.0 + 1.0  # the handler stopped, no SIGKILL wait
+    (run,) = fleet.executions(job_id)
+    assert marker.read_text() == str(run["pid"])  # its finally block ran, in that worker
+    after = fleet.enqueue("echo", {"n": 1})
+    (done,) = fleet.wait_final([after], watch=[sup])
+    assert done.state == JobState.DONE
+    assert fleet.executions(after)[0]["pid"] == run["pid"]  # same worker: not killed

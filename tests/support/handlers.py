@@ -130,6 +130,18 @@ def hang(payload: Payload) -> None:
         time.sleep(3600)
 
 
+def hang_with_cleanup(payload: Payload) -> None:
+    """Sleep forever, but write ``payload["cleanup"]`` from a ``finally`` block: shows that a
+    soft timeout lets the handler clean up before the worker is killed."""
+    record(payload, time.time(), None, "hang")
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        with open(payload["cleanup"], "w") as marker:
+            marker.write(str(os.getpid()))
+
+
 @recorded
 def instant_bomb(payload: Payload) -> int:
     """Allocate ``payload.get("gib", 8)`` GiB at once: ``bytearray(8 GiB)``."""
