@@ -128,6 +128,10 @@ class SqlStore:
     def _after_enqueue(self, conn: Connection, pools: set[str]) -> None:
         """Hook: wake supervisors waiting for work in ``pools`` (PostgreSQL NOTIFY)."""
 
+    def _announce(self, pools: set[str]) -> None:
+        """Wake supervisors waiting for work in ``pools``, outside any transaction. Best
+        effort: a lost wake-up costs one poll interval."""
+
     def _after_commit(self, pools: set[str]) -> None:
         """Hook: wake local supervisors once the new jobs are visible (SQLite)."""
 
@@ -395,9 +399,10 @@ class SqlStore:
         if not leases:
             return []
         with self._auto() as conn:
-            return sorted(
-                self._exec(conn, self._release_stmt, {"leases": _pairs(leases)}).scalars()
-            )
+            rows = self._exec(conn, self._release_stmt, {"leases": _pairs(leases)}).all()
+        if rows:
+            self._announce({r.pool for r in rows})  # idle supervisors take them at once
+        return sorted(r.id for r in rows)
 
     @cached_property
     def _release_stmt(self) -> Any:
@@ -412,7 +417,7 @@ class SqlStore:
                 locked_until=None,
                 lease_token=None,
             )
-            .returning(jobs.c.id)
+            .returning(jobs.c.id, jobs.c.pool)
         )
 
     def reap(self, *, limit: int = 1000) -> ReapOutcome:

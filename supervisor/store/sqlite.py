@@ -55,6 +55,9 @@ class SqliteStore(SqlStore):
     def _after_commit(self, pools: set[str]) -> None:
         wake_local(self.path, pools)
 
+    def _announce(self, pools: set[str]) -> None:
+        wake_local(self.path, pools)
+
     def waker(self) -> LocalWaker:
         return LocalWaker(self.path)
 
