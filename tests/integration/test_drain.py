@@ -133,3 +133,33 @@ def test_sigkill_of_the_supervisor_loses_no_job(fleet: Harness) -> None:
         assert any(r["outcome"] == "ok" for r in fleet.executions(job.id)), job
     for job_id in in_flight:  # the lost delivery counts: attempts 1 expired, 2 done
         assert fleet.job(job_id).attempts == 2, fleet.job(job_id)
+
+
+def test_a_running_idle_supervisor_takes_released_jobs_at_once(fleet: Harness) -> None:
+    """A rolling deploy: node-b is up and idle (its poll interval at its 1 s maximum) when
+    node-a drains; the release wakes it, so the jobs move without waiting for a poll."""
+    fleet.configure(
+        {
+            "slow": {
+                "handlers": handlers("sleep"),
+                "min_workers": 2,
+                "max_workers": 2,
+                "lease": "5s",
+            }
+        },
+        grace_period="0.5s",
+    )
+    a = fleet.start("node-a")
+    ids = [fleet.enqueue("sleep", {"seconds": 30}) for _ in range(2)]
+    fleet.wait_state(ids, JobState.LEASED)
+    a.wait_workers(fleet.store, "slow", 2, "busy")
+    b = fleet.start("node-b")
+    time.sleep(2.5)  # deliberately idle: node-b's empty polls back off to 1 s apart
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(timeout=10) == 0
+    taken = fleet.wait_state(ids, JobState.LEASED, timeout=10)
+    assert {job.owner for job in taken} == {"node-b"}
+    for job in taken:  # a release sets available_at to its own time
+        lag = (job.started_at or 0.0) - job.available_at
+        assert 0 <= lag < 0.25, f"node-b took {lag:.2f}s after the release"
+    b.check_alive()
