@@ -106,9 +106,12 @@ class PostgresWaker:
         self.broken = False
         self.conn: Any = psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
         self.conn.execute(f"LISTEN {channel}")
+        # Kept: psycopg's fileno() raises once the connection is lost, and the loop still has
+        # to unregister the descriptor then.
+        self._fd = int(self.conn.fileno())
 
     def fileno(self) -> int:
-        return int(self.conn.fileno())
+        return self._fd
 
     def drain(self) -> set[str]:
         try:
