@@ -259,7 +259,7 @@ class PoolConfig(BaseModel):
     job_memory: Size = _key(200 * _MiB, "expected peak RSS of one job, for sizing until measured")
     timeout: Duration = _key(60.0, "wall-clock limit per job (error_kind timeout)")
     soft_timeout: Annotated[float, BeforeValidator(units.parse_duration), _Unit("duration")] = _key(
-        0.0, "SIGTERM this long before SIGKILL when a job is stopped; 0: SIGKILL at once"
+        0.0, "past timeout, raise SoftTimeout in the handler this long before SIGKILL; 0: none"
     )
     lease: Duration = _key(60.0, "how long a claim holds a job before it must be extended")
     # The 20s default stands for lease / 3, which _default_heartbeat fills in.
@@ -274,6 +274,12 @@ class PoolConfig(BaseModel):
         None, "retries may be at most this share of the pool's deliveries", example="10%"
     )
     latency_target: Duration = _key(300.0, "backlog-age objective: the oldest job's age to keep")
+    utilization: Annotated[float, BeforeValidator(_fraction)] = _key(
+        0.7, "planned busy share of a worker when sizing the pool (queues explode near 100%)"
+    )
+    scale_in_cooldown: Duration = _key(
+        60.0, "scale in only after the pool wanted fewer workers for this long"
+    )
     max_inflight: OptPositive = _key(
         None, "fleet-wide cap on this pool's running jobs, all hosts together", example=50
     )
@@ -464,6 +470,7 @@ class FleetConfig(BaseModel):
         "a cgroup per worker at memory_limit + 128MiB where the host allows it (fleetd check)",
     )
     retention: Duration = _key(7 * 86400.0, "done jobs are pruned after this long")
+    scale_interval: Duration = _key(2.0, "how often each pool's size is re-evaluated")
     log_format: Annotated[str, BeforeValidator(_choice("human", "json"))] = _key(
         "human", '"human", or "json" for one JSON object a line'
     )

@@ -13,6 +13,7 @@ The lease state machine (docs/architecture.md draws it)::
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -76,6 +77,48 @@ class Claimed:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimLimits:
+    """Fleet-wide caps on leased jobs, checked inside the claim's transaction: per pool, per
+    tenant (jobs without a tenant share one), per kind. None (or a kind not listed) means no
+    cap. A claim given limits also orders jobs fairly between tenants (docs/architecture.md)."""
+
+    max_inflight: int | None = None
+    tenant_max_inflight: int | None = None
+    kind_max_inflight: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def capped(self) -> bool:
+        """True when any cap is set (otherwise the plain claim serves)."""
+        return (
+            self.max_inflight is not None
+            or self.tenant_max_inflight is not None
+            or bool(self.kind_max_inflight)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """A pool's fleet-wide retry budget: over the last ``window`` seconds, retries may be at
+    most ``max(floor, ratio × deliveries)``. Past it, a failed job is not retried at once but
+    deferred by ``window`` plus its normal delay; it is never dropped. The counters live in the
+    database, shared by every host."""
+
+    ratio: float
+    floor: int = 10
+    window: float = 300.0
+
+    def allows(self, retries: int, deliveries: int) -> bool:
+        """Whether one more retry fits, ``retries`` already made over ``deliveries``.
+
+        >>> RetryBudget(0.1).allows(9, 0), RetryBudget(0.1).allows(10, 0)
+        (True, False)
+        >>> RetryBudget(0.1).allows(19, 200), RetryBudget(0.1).allows(20, 200)
+        (True, False)
+        """
+        return retries + 1 <= max(float(self.floor), self.ratio * deliveries)
+
+
+@dataclass(frozen=True, slots=True)
 class Ack:
     """A successful result. ``result`` is JSON text."""
 
@@ -96,6 +139,7 @@ class Failure:
     retry_delay: float | None
     peak_rss: int | None = None
     duration: float | None = None
+    budget: RetryBudget | None = None  # the pool's retry budget, if it has one
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +174,16 @@ class PoolStats:
     done: int = 0
     dead: int = 0
     oldest_ready_age: float = 0.0  # seconds the oldest ready job has waited; 0 when none
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHistory:
+    """A pool's recent completions, for sizing: how many finished in the window, and the
+    durations and peak RSS of the most recent of them."""
+
+    completed: int = 0
+    durations: tuple[float, ...] = ()
+    peaks: tuple[int, ...] = ()
 
 
 def iso(ts: float | None) -> str | None:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,3 +73,177 @@ class KillReason:
 
     kind: str  # "memory_limit", "timeout", "lease_lost", "drain", "retire"
     detail: str = ""
+
+
+# ---- sizing: the ceiling each pool may never pass --------------------------------------
+
+MEASURED_PEAKS_NEEDED = 20  # measured jobs before their peaks replace the configured job_memory
+PEAK_PERCENTILE = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSizing:
+    """What sizing needs to know of one pool (config plus measurements)."""
+
+    name: str
+    bound: str  # "cpu" or "io"
+    min_workers: int
+    max_workers: int
+    job_memory: int  # configured peak RSS of one job, bytes
+    measured_peaks: tuple[int, ...] = ()  # recent jobs' peak RSS, bytes
+    max_inflight: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """A pool's ceiling on this host, every figure it came from, and which one binds."""
+
+    pool: str
+    value: int
+    binding: str  # "max_workers", "cpu", "memory" or "max_inflight"
+    max_workers: int
+    cpu: int | None  # None for io-bound pools
+    memory: int
+    max_inflight: int | None
+    peak_per_job: int
+    peak_source: str  # "configured" (job_memory) or "measured" (p95 of recent peaks)
+    memory_share: int  # bytes of the fleet's memory budget this pool may use
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile by nearest rank (no interpolation: a real observed value).
+
+    >>> percentile([10, 20, 30, 40, 1000], 0.95)
+    1000
+    >>> percentile([5], 0.5)
+    5
+    """
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def peak_per_job(pool: PoolSizing) -> tuple[int, str]:
+    """The peak RSS to plan one job at: a high percentile of measured peaks once there are
+    enough of them (never the mean: one 900 MB document in a stream of 20 MB ones is what
+    kills the box), else the configured job_memory."""
+    if len(pool.measured_peaks) >= MEASURED_PEAKS_NEEDED:
+        return int(percentile(pool.measured_peaks, PEAK_PERCENTILE)), "measured"
+    return pool.job_memory, "configured"
+
+
+def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dict[str, Ceiling]:
+    """Each pool's ceiling: min(max_workers, its share of the cores if cpu-bound, its share of
+    the memory budget divided by its peak per job, max_inflight). Cores are split among the
+    cpu-bound pools, and the budget among all pools, in proportion to what each could use at
+    its max_workers, so two pools never each count on the whole host."""
+    peaks = {p.name: peak_per_job(p) for p in pools}
+    cpu_pools = [p for p in pools if p.bound == "cpu"]
+    cpu_demand = sum(p.max_workers for p in cpu_pools) or 1
+    mem_demand = sum(p.max_workers * peaks[p.name][0] for p in pools) or 1
+    out: dict[str, Ceiling] = {}
+    for p in pools:
+        peak, source = peaks[p.name]
+        cpu = max(1, cores * p.max_workers // cpu_demand) if p.bound == "cpu" else None
+        share = memory_budget * p.max_workers * peak // mem_demand
+        memory = max(1, share // max(1, peak))
+        figures = {
+            "max_workers": p.max_workers,
+            "cpu": cpu,
+            "memory": memory,
+            "max_inflight": p.max_inflight,
+        }
+        binding = min((v, k) for k, v in figures.items() if v is not None)[1]
+        out[p.name] = Ceiling(
+            p.name,
+            figures[binding] or 1,
+            binding,
+            p.max_workers,
+            cpu,
+            memory,
+            p.max_inflight,
+            peak,
+            source,
+            share,
+        )
+    return out
+
+
+# ---- scaling: how many workers to want now ---------------------------------------------
+
+
+def desired_slots(
+    arrival_rate: float,
+    service_time: float,
+    backlog: int,
+    latency_target: float,
+    utilization: float = 0.7,
+    oldest_age: float = 0.0,
+) -> int:
+    """Little's law on measured figures: the slots needed to keep up with arrivals and clear
+    the backlog before its oldest job passes the latency target, planned at ``utilization``
+    (never 100 %: queueing delay grows without bound as utilization approaches 1). The time
+    left to clear is the target minus the oldest job's age (at least a tenth of the target):
+    a backlog that has already waited most of its budget needs more hands than a fresh one.
+
+    >>> desired_slots(12, 0.8, 9000, 300)  # the seed's example: 42 jobs/s x 0.8 s / 0.7
+    48
+    >>> desired_slots(0, 0.3, 2, 4.0, oldest_age=3.3)  # 2 jobs, 0.7 s left
+    2
+    """
+    time_left = max(latency_target - oldest_age, latency_target / 10)
+    required = arrival_rate + backlog / time_left
+    slots = required * service_time / utilization
+    return max(0, math.ceil(slots - 1e-9))  # 48.00000000000001 is 48 slots, not 49
+
+
+def host_share(desired_total: int, live_nodes: int) -> int:
+    """This host's part of a fleet-wide desired count (every live node takes an equal share,
+    rounded up so the fleet never falls short)."""
+    return math.ceil(desired_total / max(1, live_nodes))
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleState:
+    """Memory of the scaling decision between evaluations."""
+
+    below_since: float | None = None  # when desired first fell below current (monotonic)
+
+
+def next_target(
+    current: int,
+    desired: int,
+    ceiling: int,
+    min_workers: int,
+    state: ScaleState,
+    now: float,
+    cooldown: float,
+) -> tuple[int, ScaleState]:
+    """The pool's next worker count. Out fast: on every evaluation, at most doubling (a ramp,
+    not a thundering herd of cold starts). In slowly: only after desired stayed below current
+    for ``cooldown``, then one worker per evaluation. Never past the ceiling; never below
+    min_workers unless the ceiling is lower.
+
+    >>> next_target(1, 8, 6, 1, ScaleState(), now=0.0, cooldown=60.0)[0]
+    2
+    >>> next_target(4, 8, 6, 1, ScaleState(), now=0.0, cooldown=60.0)[0]
+    6
+    """
+    want = max(min(desired, ceiling), min(min_workers, ceiling))
+    if want > current:
+        return min(want, max(2 * current, current + 1)), ScaleState()
+    if want == current:
+        return current, ScaleState()
+    if current > ceiling:  # the ceiling dropped (memory measured higher): go down at once
+        return ceiling, ScaleState()
+    if state.below_since is None:
+        return current, ScaleState(now)
+    if now - state.below_since >= cooldown:
+        return current - 1, state
+    return current, state
+
+
+def saturated(current: int, ceiling: int, oldest_age: float, latency_target: float) -> bool:
+    """At its ceiling and still behind its latency target: more load would not help; a human
+    must decide (an alert, never more workers)."""
+    return current >= ceiling and oldest_age > latency_target

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import socket
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from typing import Any
 
 from setproctitle import setproctitle
 
+from supervisor import host
 from supervisor.clock import Clock, SystemClock
 from supervisor.config import FleetConfig
 from supervisor.policy import KillReason
@@ -39,6 +41,7 @@ from supervisor.run.drain import Drain
 from supervisor.run.loop import Loop
 from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.pool import Pool
+from supervisor.run.scaler import Scaler
 from supervisor.run.workerproc import WorkerHandle, fork_worker
 from supervisor.store import Store
 from workers import protocol
@@ -76,6 +79,15 @@ class Fleet:
         self.next_waker_at = 0.0
         self.next_publish = 0.0
         self.reap_interval = min(10.0, max(0.5, min(p.lease for p in config.pools.values()) / 4))
+        self.scaler = Scaler(
+            store,
+            self.pools,
+            cores=host.usable_cores(),
+            memory_budget=config.memory_budget.bytes_of(host.total_memory()),
+            interval=config.scale_interval,
+            started=self.clock.monotonic(),
+        )
+        self.rng = random.Random()
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -90,6 +102,7 @@ class Fleet:
             self.reap_children(now)
             self.run_watchdog(now)
             self.dispatch(now)
+            self.scaler.tick(now, draining=self.drain.active)
             self.spawn(now)
             self.publish(now)
             self.advance_drain(now)
@@ -148,6 +161,7 @@ class Fleet:
         now = self.clock.monotonic()
         due = [
             self.next_publish,
+            self.scaler.next_eval,
             self.dispatcher.next_reap,
             *self.dispatcher.next_heartbeat.values(),
         ]
@@ -169,11 +183,16 @@ class Fleet:
     # ---- workers -----------------------------------------------------------------------
 
     def spawn(self, now: float) -> None:
+        """Fork up to each pool's target, a small random stagger apart (forty cold starts at
+        once are a load spike of their own); retire idle workers above it."""
         if self.drain.active:
             return
         for pool in self.pools.values():
-            while pool.spawn_due(now):
+            if pool.spawn_due(now):
                 self.fork(pool, now)
+                pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0.0, 0.05))
+            for worker in pool.idle()[: max(0, pool.live() - pool.target)]:
+                worker.kill(KillReason("retire", "scaled in"), now)
 
     def fork(self, pool: Pool, now: float) -> None:
         assert self.loop is not None

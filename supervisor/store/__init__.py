@@ -19,6 +19,7 @@ from supervisor.model import (
     JobState,
     Lease,
     NewJob,
+    PoolHistory,
     PoolStats,
     ReapOutcome,
 )
@@ -52,6 +53,7 @@ class Store(Protocol):
         after_id: int = 0,
     ) -> list[Job]: ...
     def stats(self, pools: Collection[str]) -> dict[str, PoolStats]: ...
+    def history(self, pool: str, *, window: float, sample: int = 500) -> PoolHistory: ...
     def dlq_list(self, *, pool: str | None = None, limit: int = 100) -> list[Job]: ...
     def dlq_requeue(
         self, ids: Sequence[int] | None = None, *, pool: str | None = None

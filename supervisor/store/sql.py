@@ -52,6 +52,7 @@ from supervisor.model import (
     JobState,
     Lease,
     NewJob,
+    PoolHistory,
     PoolStats,
     ReapOutcome,
 )
@@ -509,6 +510,26 @@ class SqlStore:
             done=counts.get(DONE, 0),
             dead=counts.get(DEAD, 0),
             oldest_ready_age=max(0.0, now_value - oldest) if oldest is not None else 0.0,
+        )
+
+    def history(self, pool: str, *, window: float, sample: int = 500) -> PoolHistory:
+        """Jobs of ``pool`` done in the last ``window`` seconds (the done-jobs index by
+        finish time): their count, and durations and peaks of the latest ``sample``."""
+        since = self._now() - window
+        recent = and_(jobs.c.pool == pool, jobs.c.state == DONE, jobs.c.finished_at >= since)
+        latest = (
+            select(jobs.c.duration, jobs.c.peak_rss)
+            .where(recent)
+            .order_by(jobs.c.finished_at.desc())
+            .limit(sample)
+        )
+        with self._auto() as conn:
+            count = self._exec(conn, select(func.count()).where(recent)).scalar_one()
+            rows = self._exec(conn, latest).all()
+        return PoolHistory(
+            completed=count,
+            durations=tuple(r.duration for r in rows if r.duration is not None),
+            peaks=tuple(r.peak_rss for r in rows if r.peak_rss is not None),
         )
 
     # ---- dead letters and retention -----------------------------------------------------

@@ -308,3 +308,18 @@ def test_unreachable_or_bad_urls_raise_one_line_errors(tmp_path):
 def test_fake_clock_cannot_go_back():
     with pytest.raises(ValueError):
         FakeClock().advance(-1)
+
+
+def test_history_counts_recent_completions_with_durations_and_peaks(store, clock):
+    store.enqueue_many([job() for _ in range(4)])
+    first = claim(store, n=2)
+    store.ack([Ack(c.lease, peak_rss=100 * (i + 1), duration=0.5) for i, c in enumerate(first)])
+    clock.advance(100)
+    rest = claim(store, n=2)
+    store.ack([Ack(rest[0].lease, peak_rss=900, duration=2.0)])
+    store.ack([Ack(rest[1].lease)])  # no figures reported
+    recent = store.history("bulk", window=50)
+    assert recent.completed == 2 and recent.durations == (2.0,) and recent.peaks == (900,)
+    everything = store.history("bulk", window=500)
+    assert everything.completed == 4 and sorted(everything.peaks) == [100, 200, 900]
+    assert store.history("other", window=500).completed == 0
