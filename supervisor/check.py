@@ -10,6 +10,7 @@ from typing import Any
 from supervisor import host
 from supervisor.config import FleetConfig, load_config
 from supervisor.imports import import_handlers
+from supervisor.policy import PoolSizing, ceilings
 from supervisor.run import memcg, watchdog
 from supervisor.store import display_url
 from supervisor.units import format_duration, format_size
@@ -21,17 +22,53 @@ def plan_for(config_path: str) -> dict[str, Any]:
     config = load_config(config_path)
     import_handlers(config)
     cgroup = _cgroup_plan(config)
+    cores, memory = host.usable_cores(), host.total_memory()
+    budget = config.memory_budget.bytes_of(memory)
+    sizing = _sizing_plan(config, cores, budget)
     return {
         "config": str(config.path),
         "fleet": config.name,
         "database": display_url(config.database),
-        "host": {"cores": host.usable_cores(), "memory": host.total_memory()},
+        "host": {
+            "cores": cores,
+            "memory": memory,
+            "memory_budget": budget,
+            "memory_budget_setting": str(config.memory_budget),
+        },
         "memory_cgroup": cgroup,
         "pools": {
-            name: {**_pool_plan(config, name), "memory": _memory_plan(config, name, cgroup)}
+            name: {
+                **_pool_plan(config, name),
+                "sizing": sizing[name],
+                "memory": _memory_plan(config, name, cgroup),
+            }
             for name in config.pools
         },
     }
+
+
+def _sizing_plan(config: FleetConfig, cores: int, budget: int) -> dict[str, dict[str, Any]]:
+    """Each pool's ceiling on this host and which constraint binds, planned with the
+    configured job_memory (the running supervisor switches to the p99 of measured peaks once
+    enough jobs have run)."""
+    pools = [
+        PoolSizing(p.name, p.bound, p.min_workers, p.max_workers, p.job_memory, (), p.max_inflight)
+        for p in config.pools.values()
+    ]
+    out = {}
+    for name, c in ceilings(pools, cores, budget).items():
+        out[name] = {
+            "ceiling": c.value,
+            "binding": c.binding,
+            "max_workers": c.max_workers,
+            "cpu": c.cpu,
+            "memory": c.memory,
+            "memory_share": c.memory_share,
+            "peak_per_job": c.peak_per_job,
+            "max_inflight": c.max_inflight,
+            "latency_target": config.pools[name].latency_target,
+        }
+    return out
 
 
 def _cgroup_plan(config: FleetConfig) -> dict[str, Any]:
@@ -79,7 +116,10 @@ def render_plan(plan: dict[str, Any]) -> str:
     """The plan as a few lines per pool."""
     lines = [f"{plan['config']}: OK (fleet {plan['fleet']!r}, database {plan['database']})"]
     h, cg = plan["host"], plan["memory_cgroup"]
-    lines.append(f"  host: {h['cores']} cores, {format_size(h['memory'])} memory")
+    lines.append(
+        f"  host: {h['cores']} cores, {format_size(h['memory'])} memory; memory_budget "
+        f"{h['memory_budget_setting']} = {format_size(h['memory_budget'])}"
+    )
     lines.append(f"  memory cgroups: {cg['mechanism']} ({cg['reason']})")
     for name, p in plan["pools"].items():
         limit = format_size(p["memory_limit"]) if p["memory_limit"] else "none"
@@ -89,8 +129,20 @@ def render_plan(plan: dict[str, Any]) -> str:
             f"timeout {format_duration(p['timeout'])}; lease {format_duration(p['lease'])} "
             f"(heartbeat {format_duration(p['heartbeat'])}); max_deliveries {p['max_deliveries']}"
         )
+        lines.append(f"    sizing: {_render_sizing(p['sizing'])}")
         lines.append(f"    memory: {_render_memory(p['memory'])}")
     return "\n".join(lines)
+
+
+def _render_sizing(s: dict[str, Any]) -> str:
+    cpu = "cpu -" if s["cpu"] is None else f"cpu {s['cpu']}"
+    inflight = "-" if s["max_inflight"] is None else s["max_inflight"]
+    return (
+        f"ceiling {s['ceiling']} (bound by {s['binding']}): max_workers {s['max_workers']}, "
+        f"{cpu}, memory {s['memory']} ({format_size(s['memory_share'])} / "
+        f"{format_size(s['peak_per_job'])} per job), max_inflight {inflight}; "
+        f"scales on oldest-job age, target {format_duration(s['latency_target'])}"
+    )
 
 
 def _render_memory(m: dict[str, Any]) -> str:

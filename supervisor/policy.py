@@ -78,7 +78,7 @@ class KillReason:
 # ---- sizing: the ceiling each pool may never pass --------------------------------------
 
 MEASURED_PEAKS_NEEDED = 20  # measured jobs before their peaks replace the configured job_memory
-PEAK_PERCENTILE = 0.95
+PEAK_PERCENTILE = 0.99
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ class Ceiling:
     memory: int
     max_inflight: int | None
     peak_per_job: int
-    peak_source: str  # "configured" (job_memory) or "measured" (p95 of recent peaks)
+    peak_source: str  # "configured" (job_memory) or "measured" (p99 of recent peaks)
     memory_share: int  # bytes of the fleet's memory budget this pool may use
 
 

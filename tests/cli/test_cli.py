@@ -103,3 +103,16 @@ def test_the_installed_command_runs(config):
     )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "nope" in proc.stderr
+
+
+def test_check_prints_the_sizing_plan_of_the_example_config():
+    example = Path(__file__).resolve().parents[2] / "conf" / "fleet.example.toml"
+    out = run("check", "-c", str(example))
+    assert out.exit_code == 0, out.output
+    for pool in ("bulk", "interactive", "poison"):
+        assert f"pool {pool}:" in out.output
+    assert "ceiling" in out.output and "bound by" in out.output and "RLIMIT_DATA" in out.output
+    plan = json.loads(run("check", "-c", str(example), "--json").output)
+    sizing = plan["pools"]["interactive"]["sizing"]
+    assert sizing["ceiling"] <= min(sizing["max_workers"], sizing["max_inflight"])
+    assert sizing["binding"] in {"max_workers", "cpu", "memory", "max_inflight"}
