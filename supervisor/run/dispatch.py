@@ -37,6 +37,8 @@ from workers import exitcodes, protocol
 
 log = logging.getLogger("fleetd.dispatch")
 
+PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
+
 
 @dataclass
 class Buffered:
@@ -72,6 +74,7 @@ class Dispatcher:
         # idle pool polls then, not at its adaptive poll's next slow tick
         self.retries_due: dict[str, list[float]] = {name: [] for name in pools}
         self.next_reap = 0.0
+        self.next_prune = 0.0
         self.store_retry_at = 0.0  # after a store error, no call before this
         self.store_failures = 0  # in a row
 
@@ -349,6 +352,19 @@ class Dispatcher:
                 len(out.requeued),
                 len(out.dead),
             )
+
+    def prune(self, now: float, retention: float) -> None:
+        """Delete done jobs older than the retention, once a minute (every node; batched)."""
+        if now < self.next_prune or now < self.store_retry_at:
+            return
+        self.next_prune = now + PRUNE_EVERY
+        try:
+            removed = self.store.prune(older_than=retention)
+        except StoreUnavailable as exc:
+            self._store_failed(now, "prune", exc)
+            return
+        if removed:
+            log.info("pruned %d done job(s) older than the retention", removed)
 
     # ---- store health ------------------------------------------------------------------
 

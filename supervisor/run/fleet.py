@@ -155,6 +155,7 @@ class Fleet:
         d.flush(now)
         if not self.drain.active:
             d.reap(now, self.reap_interval)
+            d.prune(now, self.config.retention)
 
     def next_timeout(self) -> float:
         """Seconds until the earliest timer: watchdog, polls, heartbeats, spawns, drain."""

@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.model import JobState
 from tests.integration.fleet import Harness, handlers, write_config
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
 SQLITE_ONLY = pytest.mark.parametrize("engine", ["sqlite"])  # the store plays no part here
@@ -92,3 +93,15 @@ def test_a_job_enqueued_on_an_idle_fleet_is_picked_up_at_once(fleet: Harness) ->
     # Without the wake-up a 1 s poll gives pickups spread over 0..1 s (median ~0.5 s).
     assert max(latencies) < 1.0, latencies
     assert statistics.median(latencies) < 0.3, latencies
+
+
+def test_done_jobs_are_pruned_after_the_retention(fleet: Harness) -> None:
+    fleet.configure({"p": {"handlers": handlers("echo"), "min_workers": 1}}, retention="1s")
+    sup = fleet.start()
+    old = fleet.enqueue("echo", {"n": 1})
+    fleet.wait_final([old], watch=[sup])
+    sup.stop()  # the next supervisor prunes at its start, the retention having passed
+    time.sleep(1.1)  # deliberately: let the done job age past the 1 s retention
+    sup2 = fleet.start("node-b")
+    eventually(lambda: fleet.store.get(old) is None, timeout=10)
+    sup2.check_alive()
