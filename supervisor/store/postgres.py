@@ -6,10 +6,12 @@
   An injected clock replaces it only in tests.
 - Enqueue sends ``NOTIFY fleetd_jobs`` with the pool's name, so idle supervisors wake at once.
 - Single-statement verbs run in autocommit: no BEGIN/COMMIT round trips.
+- The reaper also vacuums the job table when dead row versions pile up (``vacuum_if_due``).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import Connection, Float, String, cast, create_engine, extract, func, text
@@ -17,12 +19,18 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import ColumnElement
 
-from supervisor.clock import Clock
+from supervisor.clock import Clock, SystemClock
+from supervisor.errors import StoreError
+from supervisor.model import ReapOutcome
 from supervisor.store.sql import SqlStore
 from supervisor.store.wake import PostgresWaker
 
 NOTIFY_CHANNEL = "fleetd_jobs"
 _MIGRATION_LOCK = 0x0F1EE7D  # advisory lock key: one migrator at a time
+VACUUM_DEAD_ROWS = 10_000  # dead row versions in fleetd_jobs that make a vacuum due (~5,000 jobs)
+VACUUM_MIN_INTERVAL = 5.0  # seconds between two checks by one store
+
+log = logging.getLogger(__name__)
 
 
 class PostgresStore(SqlStore):
@@ -37,6 +45,8 @@ class PostgresStore(SqlStore):
         )
         super().__init__(engine, clock)
         self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._monotonic = (clock or SystemClock()).monotonic
+        self._next_vacuum_check = 0.0
 
     def waker(self) -> PostgresWaker:
         return PostgresWaker(self._conninfo, NOTIFY_CHANNEL)
@@ -58,3 +68,35 @@ class PostgresStore(SqlStore):
             conn.execute(
                 text("SELECT pg_notify(:channel, :pool)"), {"channel": NOTIFY_CHANNEL, "pool": pool}
             )
+
+    def reap(self, *, limit: int = 1000) -> ReapOutcome:
+        """Expired leases back to queued or dead (``SqlStore.reap``), then the job table's
+        vacuum if it is due. A failed vacuum is logged; the reap it followed stands."""
+        outcome = super().reap(limit=limit)
+        try:
+            self.vacuum_if_due()
+        except StoreError as exc:
+            log.warning("vacuum of fleetd_jobs failed: %s", exc)
+        return outcome
+
+    def vacuum_if_due(self) -> bool:
+        """VACUUM fleetd_jobs when it holds ``VACUUM_DEAD_ROWS`` dead row versions, checking at
+        most every ``VACUUM_MIN_INTERVAL`` seconds; True when it ran.
+
+        Each claim leaves the claimed row's old entry in ix_jobs_claim, at the front of the range
+        every later claim walks, until a vacuum removes it: after 60,000 claims with no vacuum a
+        claim read 367 index pages instead of 4 (docs/benchmarks.md). Autovacuum (tuned for this
+        table by migration 2) wakes at most once per ``autovacuum_naptime``, a minute by default,
+        and may be off; the reaper runs every few seconds on every node. SKIP_LOCKED: a node
+        whose neighbour is vacuuming skips. INDEX_CLEANUP ON: never leave the index entries
+        behind, however few heap pages changed."""
+        now = self._monotonic()
+        if now < self._next_vacuum_check:
+            return False
+        self._next_vacuum_check = now + VACUUM_MIN_INTERVAL
+        with self._auto() as conn:
+            dead = conn.execute(text("SELECT pg_stat_get_dead_tuples('fleetd_jobs'::regclass)"))
+            if dead.scalar_one() < VACUUM_DEAD_ROWS:
+                return False
+            conn.execute(text("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) fleetd_jobs"))
+        return True

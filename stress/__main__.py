@@ -1,0 +1,55 @@
+"""``python -m stress <command>``: fleetd's benchmarks and stress runs.
+
+Each command is a module in this package listed in ``COMMANDS``. A command module provides:
+
+- ``HELP``: a one-line summary for ``python -m stress --help``;
+- ``add_arguments(parser)``: its options, on an ``argparse`` sub-parser;
+- ``run(args) -> int``: the command itself; its return value is the exit code.
+
+To add a command, write such a module and add one line to ``COMMANDS``. Modules are imported
+only when their command runs, so one command's imports never slow down or break another's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+# command name -> (module, one-line help). The help lives here so --help imports nothing.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench-store": (
+        "stress.bench_store",
+        "store throughput and latency: enqueue, claim+ack, stats, claim-cost flatness",
+    ),
+    "bench-e2e": (
+        "stress.bench_e2e",
+        "end to end: no-op throughput and idle pickup latency through fleetd start",
+    ),
+}
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, hand the rest to the command's module, return its exit code."""
+    parser = argparse.ArgumentParser(prog="python -m stress", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, summary) in COMMANDS.items():
+        sub.add_parser(name, help=summary, add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    module = _module(args.command)
+    command = argparse.ArgumentParser(
+        prog=f"python -m stress {args.command}", description=module.__doc__
+    )
+    command.formatter_class = argparse.RawDescriptionHelpFormatter
+    module.add_arguments(command)
+    return int(module.run(command.parse_args(rest)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
