@@ -6,6 +6,7 @@ where; nothing written); 1 the database could not be reached mid-command.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -63,13 +64,56 @@ def main() -> None:
 @main.command()
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Instead: judge the running fleet's health from the node table (exit 1 if unhealthy).",
+)
 @friendly
-def check(config_path: str, as_json: bool) -> None:
+def check(config_path: str, as_json: bool, live: bool) -> None:
     """Validate fleet.toml, import every handler, and print each pool's plan."""
+    if live:
+        _check_live(config_path, as_json)
+        return
     from supervisor.check import plan_for, render_plan
 
     plan = plan_for(config_path)
     click.echo(json.dumps(plan, indent=2) if as_json else render_plan(plan))
+
+
+def _fleet_view(client: Any) -> Any:
+    """The fleet as ``fleetd status`` shows it: node rows and the store's queue figures."""
+    from supervisor.observe.fleetview import build_view
+    from supervisor.store import display_url
+
+    config = client.config
+    return build_view(
+        fleet=config.name,
+        database=display_url(config.database),
+        configured=config.pools,
+        stats=client.store.stats(list(config.pools)),
+        rows=client.store.list_nodes(),
+        now=client.store.now(),
+    )
+
+
+def _check_live(config_path: str, as_json: bool) -> None:
+    """The same verdict as /healthz, for every node sharing the database."""
+    with _client(config_path) as client:
+        view = _fleet_view(client)
+    verdict = view.verdict
+    if as_json:
+        click.echo(json.dumps(verdict.to_dict(), indent=1))
+    else:
+        live = [n for n in view.nodes if n.live]
+        click.echo(
+            f"fleet {view.fleet}: {'healthy' if verdict.healthy else 'UNHEALTHY'} "
+            f"({len(live)} live node(s), {len(view.nodes) - len(live)} gone or stopped)"
+        )
+        for p in verdict.problems:
+            where = " ".join(x for x in (p.node, p.pool or "", p.worker or "") if x and x != "-")
+            click.echo(f"  {p.reason}: {where}: {p.detail}")
+    sys.exit(0 if verdict.healthy else 1)
 
 
 @main.command()
@@ -211,8 +255,27 @@ def demo(config_path: str, seconds: float) -> None:
 @config_option
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one snapshot as JSON.")
-@click.option("--interval", type=float, default=1.0, show_default=True)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="Seconds between frames.",
+)
 @friendly
 def status(config_path: str, once: bool, as_json: bool, interval: float) -> None:
     """The live view of every pool on every host sharing the database."""
-    raise FleetdError("fleetd status is not built yet; use `fleetd jobs` meanwhile")
+    from rich.console import Console
+
+    from supervisor.observe import status_view
+
+    with _client(config_path) as client:
+        if as_json:
+            click.echo(json.dumps(_fleet_view(client).to_dict(), indent=1))
+            return
+        console = Console()
+        if once:
+            status_view.show_once(lambda: _fleet_view(client), console)
+            return
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the view, not an error
+            status_view.watch(lambda: _fleet_view(client), console, interval)

@@ -6,22 +6,11 @@ worker is forked, and reported in one line with exit status 2.
 
 from __future__ import annotations
 
-import logging
-import sys
-
 from supervisor.config import load_config
 from supervisor.imports import import_handlers
+from supervisor.observe.logs import setup_logging
 from supervisor.run.fleet import Fleet
 from supervisor.store import open_store
-
-
-def setup_logging(fmt: str) -> None:
-    """Human lines on stderr (JSON lines come with the observability work)."""
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def run(config_path: str, *, node_id: str | None = None) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from supervisor.observe.recorder import JobRecorder
+
 
 @dataclass
 class Counters:
@@ -19,3 +21,11 @@ class Counters:
     lost_leases: int = 0  # acks, fails or extensions whose lease was no longer ours
     store_errors: int = 0  # store calls that failed (database unreachable)
     worker_boot_failures: int = 0
+    jobs: JobRecorder = field(default_factory=JobRecorder)  # durations and peaks (histograms)
+
+    def job_finished(
+        self, pool: str, outcome: str, duration: float | None, peak_rss: int | None, at: float
+    ) -> None:
+        """One delivery ended here: ``outcome`` is "done" or the error kind."""
+        self.finished[(pool, outcome)] += 1
+        self.jobs.record(pool, duration, peak_rss, at)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from supervisor.clock import Clock
 from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease
+from supervisor.observe.logs import job_event
 from supervisor.policy import KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import classify_exit
@@ -69,6 +70,7 @@ class Dispatcher:
         self.acks: list[Ack] = []
         self.fails: list[tuple[str, Failure]] = []  # (pool, failure)
         self.releases: list[Lease] = []
+        self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
         self.next_heartbeat = {name: 0.0 for name in pools}
         # when jobs this node failed become claimable again (monotonic, a heap per pool): an
         # idle pool polls then, not at its adaptive poll's next slow tick
@@ -151,7 +153,18 @@ class Dispatcher:
             job.started_ack = True
         elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
             self.acks.append(Ack(job.claimed.lease, msg.result, msg.peak_rss, msg.duration))
-            self.counters.finished[(pool.name, "done")] += 1
+            self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
+            if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
+                self._log_job(
+                    logging.INFO,
+                    "job_recovered",
+                    job.claimed,
+                    pool.name,
+                    msg.duration,
+                    msg.peak_rss,
+                    None,
+                    "done",
+                )
             self._job_over(worker)
         elif isinstance(msg, protocol.JobFailed) and job and job.claimed.job_id == msg.job_id:
             kind = ErrorKind(msg.error_kind)
@@ -213,15 +226,36 @@ class Dispatcher:
         )
         failure = Failure(job.claimed.lease, kind, message, delay, peak, duration)
         self.fails.append((pool.name, failure))
-        self.counters.finished[(pool.name, str(kind))] += 1
-        log.info(
-            "job %s %s attempt %d/%d failed: %s: %s",
-            job.claimed.job_id,
-            job.claimed.kind,
-            job.claimed.attempt,
-            job.claimed.max_deliveries,
-            kind,
-            message,
+        self.failed[job.claimed.job_id] = job.claimed  # for the dead-letter line, if it dies
+        self.counters.job_finished(pool.name, str(kind), duration, peak, self.clock.monotonic())
+        self._log_job(
+            logging.INFO, "job_failed", job.claimed, pool.name, duration, peak, str(kind), message
+        )
+
+    def _log_job(
+        self,
+        level: int,
+        event: str,
+        c: Claimed,
+        pool: str,
+        duration: float | None,
+        peak: int | None,
+        error_kind: str | None,
+        message: str,
+    ) -> None:
+        job_event(
+            log,
+            level,
+            event,
+            job_id=c.job_id,
+            pool=pool,
+            kind=c.kind,
+            attempt=c.attempt,
+            max_deliveries=c.max_deliveries,
+            duration=duration,
+            peak_rss=peak,
+            error_kind=error_kind,
+            message=message,
         )
 
     # ---- writing back ------------------------------------------------------------------
@@ -252,9 +286,20 @@ class Dispatcher:
         for pool, f in self.fails:
             if f.lease.job_id in retried and f.retry_delay is not None:
                 heapq.heappush(self.retries_due[pool], written + f.retry_delay)
+            claimed = self.failed.pop(f.lease.job_id, None)
             if f.lease.job_id in dead:
                 self.counters.dead_letters[(pool, str(f.error_kind))] += 1
-                log.warning("job %s dead-lettered: %s: %s", f.lease.job_id, f.error_kind, f.message)
+                if claimed is not None:
+                    self._log_job(
+                        logging.WARNING,
+                        "job_dead",
+                        claimed,
+                        pool,
+                        f.duration,
+                        f.peak_rss,
+                        str(f.error_kind),
+                        f.message,
+                    )
 
     def release_buffered(self) -> None:
         """Hand back every job claimed but not started (drain)."""

@@ -11,14 +11,13 @@
     └───────────────────────────────────────────────────────────┘
 
 No thread is ever started here, so forking stays safe: the store's connections are used only
-by this thread, the metrics socket (later) is served from the loop, and children close what
-they inherit from the parent before running a job.
+by this thread, the metrics socket is served from the loop (observe.server), and children close
+what they inherit from the parent before running a job.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -32,6 +31,9 @@ from setproctitle import setproctitle
 from supervisor import host
 from supervisor.clock import Clock, SystemClock
 from supervisor.config import FleetConfig
+from supervisor.errors import FleetdError
+from supervisor.observe.observer import Observer
+from supervisor.observe.server import MetricsServer
 from supervisor.policy import KillReason
 from supervisor.run import drain as phases
 from supervisor.run import watchdog
@@ -40,6 +42,7 @@ from supervisor.run.dispatch import Dispatcher
 from supervisor.run.drain import Drain
 from supervisor.run.loop import Loop
 from supervisor.run.memcg import MemoryCgroups
+from supervisor.run.pinger import Pinger
 from supervisor.run.pool import Pool
 from supervisor.run.scaler import Scaler
 from supervisor.run.workerproc import WorkerHandle, fork_worker
@@ -88,6 +91,15 @@ class Fleet:
             started=self.clock.monotonic(),
         )
         self.rng = random.Random()
+        self.observer = Observer(
+            config,
+            node_id=self.node_id,
+            hostname=socket.gethostname(),
+            pid=self.pid,
+            clock=self.clock,
+        )
+        self.pinger = Pinger()
+        self.metrics: MetricsServer | None = None
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -110,6 +122,7 @@ class Fleet:
         return 0
 
     def boot(self) -> None:
+        self.listen_metrics()  # before the node is registered: a taken port stops the start
         self.store.register_node(
             node_id=self.node_id,
             hostname=socket.gethostname(),
@@ -118,6 +131,8 @@ class Fleet:
         )
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
         self.memcg.start()
+        if self.metrics is not None:
+            self.metrics.attach(self.loop)
         self.connect_waker(self.clock.monotonic())
         self.set_title()
         log.info(
@@ -214,6 +229,8 @@ class Fleet:
         if self.waker is not None:
             with contextlib.suppress(OSError):
                 os.close(self.waker.fileno())
+        if self.metrics is not None:
+            self.metrics.close_in_child()
 
     def read_worker(self, worker: WorkerHandle) -> None:
         assert self.loop is not None
@@ -226,6 +243,7 @@ class Fleet:
         if messages is None:  # EOF: the worker is exiting; SIGCHLD brings its status
             self.loop.unwatch(worker.fd)
             return
+        self.pinger.on_messages(worker, messages, now)
         if self.memcg.check_results(worker, messages, now):
             return  # a process of its job was OOM-killed: stopped for memory_limit
         for msg in messages:
@@ -256,6 +274,7 @@ class Fleet:
         elif not booted:
             self.counters.worker_boot_failures += 1
         self.dispatcher.on_exit(worker, status, now)
+        self.pinger.forget(worker.pid)
         pool.worker_gone(worker, booted, now)
         self.set_title()
 
@@ -314,6 +333,8 @@ class Fleet:
             log.error("could not mark node stopped: %s", exc)
         if self.waker is not None:
             self.waker.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.loop is not None:
             self.loop.close()
         self.memcg.close()
@@ -355,9 +376,14 @@ class Fleet:
     def publish(self, now: float) -> None:
         if self.waker is None and now >= self.next_waker_at and self.store.dialect != "sqlite":
             self.connect_waker(now)
+        self.pinger.tick(self.pools.values(), now)
+        if self.metrics is not None:
+            self.metrics.expire(now)
         if now < self.next_publish:
             return
         self.next_publish = now + PUBLISH_EVERY
+        if now >= self.dispatcher.store_retry_at:  # not while backing off from a failure
+            self.observer.read_store(self.store, now)
         state = "draining" if self.drain.active else "running"
         try:
             self.store.node_heartbeat(self.node_id, state=state, snapshot=self.snapshot_json())
@@ -365,23 +391,31 @@ class Fleet:
             log.debug("node heartbeat failed: %s", exc)
 
     def snapshot_json(self) -> str:
-        pools = {
-            name: {
-                "workers": [
-                    {
-                        "pid": w.pid,
-                        "slot": w.slot,
-                        "state": w.state,
-                        "job": w.job.claimed.job_id if w.job else None,
-                        "kind": w.job.claimed.kind if w.job else None,
-                    }
-                    for w in pool.workers.values()
-                ],
-                "target": pool.target,
-            }
-            for name, pool in self.pools.items()
-        }
-        return json.dumps({"pid": self.pid, "pools": pools})
+        """This instant's FleetSnapshot as JSON (the node row; also kept for /metrics)."""
+        return self.observer.build(
+            self.clock.monotonic(),
+            pools=self.pools,
+            counters=self.counters,
+            draining=self.drain.active,
+            dispatcher=self.dispatcher,
+            pinger=self.pinger,
+            scaling=self.scaler.scaling,
+        ).to_json()
+
+    def listen_metrics(self) -> None:
+        """Bind ``fleet.metrics`` (served by the loop once it exists)."""
+        address = self.config.metrics_address
+        if address is None:
+            return
+        try:
+            self.metrics = MetricsServer.bind(
+                address,
+                lambda: self.observer.current(self.clock.monotonic()),
+                self.clock.monotonic,
+            )
+        except OSError as exc:
+            raise FleetdError(f"metrics: cannot listen on {self.config.metrics}: {exc}") from exc
+        log.info("metrics and health on http://%s/metrics and /healthz", self.config.metrics)
 
     def set_title(self) -> None:
         workers = sum(len(p.workers) for p in self.pools.values())

@@ -49,6 +49,11 @@ class Loop:
         """Call ``callback`` whenever ``fd`` is readable."""
         self.selector.register(fd, selectors.EVENT_READ, callback)
 
+    def watch_write(self, fd: int, callback: Callback) -> None:
+        """Call ``callback`` whenever ``fd`` is writable (a response the kernel did not take
+        at once). ``unwatch`` ends it; an fd is watched for reading or writing, not both."""
+        self.selector.register(fd, selectors.EVENT_WRITE, callback)
+
     def unwatch(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(fd)

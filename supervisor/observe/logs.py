@@ -1,0 +1,112 @@
+"""Logging: human lines by default, one JSON object a line with ``log_format = "json"``, on
+stderr (systemd's journal and Kubernetes collect it there).
+
+Job outcomes that are not plain success (a failed delivery, a dead letter, a success that
+needed more than one delivery) are logged once each through ``job_event`` with the same fields
+in both formats: job id, pool, kind, attempt, duration, peak RSS, error kind. In JSON they are
+keys of the object, so a log pipeline can count and filter without parsing sentences::
+
+    {"ts": "2026-12-02T17:10:53.120Z", "level": "INFO", "logger": "fleetd.dispatch",
+     "msg": "job 12 render attempt 1/3 failed: memory_limit: worker RSS ...",
+     "event": "job_failed", "job_id": 12, "pool": "bulk", "kind": "render", "attempt": 1,
+     "max_deliveries": 3, "duration": 0.84, "peak_rss": 272629760,
+     "error_kind": "memory_limit"}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+JOB_FIELDS = (
+    "event",
+    "job_id",
+    "pool",
+    "kind",
+    "attempt",
+    "max_deliveries",
+    "duration",
+    "peak_rss",
+    "error_kind",
+    "node",
+)
+HUMAN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ts (UTC, ISO 8601), level, logger, msg, the job fields when
+    present, and the traceback as ``exc``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, UTC)
+        out: dict[str, Any] = {
+            "ts": ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key in JOB_FIELDS:
+            value = getattr(record, key, None)
+            if value is not None:
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(fmt: str = "human", stream: Any = None, level: int = logging.INFO) -> None:
+    """Configure the root logger once, for ``fleetd start``."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(HUMAN_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1024 * 1024):.0f}MiB"
+
+
+def job_event(
+    log: logging.Logger,
+    level: int,
+    event: str,
+    *,
+    job_id: int,
+    pool: str,
+    kind: str | None,
+    attempt: int | None,
+    max_deliveries: int | None,
+    duration: float | None,
+    peak_rss: int | None,
+    error_kind: str | None,
+    message: str,
+) -> None:
+    """One line for one job outcome: ``job_failed``, ``job_dead`` or ``job_recovered``."""
+    took = "-" if duration is None else f"{duration:.2f}s"
+    of = f"/{max_deliveries}" if max_deliveries else ""
+    text = (
+        f"job {job_id} {kind or '?'} (pool {pool}) attempt {attempt or '?'}{of} {event[4:]}"
+        f" after {took}, peak RSS {_size(peak_rss)}"
+        + (f": {error_kind}: {message}" if error_kind else (f": {message}" if message else ""))
+    )
+    log.log(
+        level,
+        text,
+        extra={
+            "event": event,
+            "job_id": job_id,
+            "pool": pool,
+            "kind": kind,
+            "attempt": attempt,
+            "max_deliveries": max_deliveries,
+            "duration": duration,
+            "peak_rss": peak_rss,
+            "error_kind": error_kind,
+        },
+    )
