@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_store",
         "store throughput and latency: enqueue, claim+ack, stats, claim-cost flatness",
     ),
+    "bench-isolation": (
+        "stress.bench_isolation",
+        "interactive pickup latency with a deep bulk backlog vs an idle fleet",
+    ),
     "bench-e2e": (
         "stress.bench_e2e",
         "end to end: no-op throughput and idle pickup latency through fleetd start",
