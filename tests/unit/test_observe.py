@@ -1,0 +1,383 @@
+"""The observe/ wing without processes: health verdicts, windows, the metrics collector, the
+status screen (captured with a recording console) and the --json schema."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from supervisor.model import PoolStats
+from supervisor.observe import health, metrics, status_view
+from supervisor.observe.fleetview import GONE_AFTER, build_view
+from supervisor.observe.logs import JsonFormatter, job_event
+from supervisor.observe.recorder import JobRecorder, Series, quantile
+from supervisor.observe.snapshot import FleetSnapshot, PoolView, WorkerView
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
+
+
+# ---- fixtures: a fabricated fleet ---------------------------------------------------------
+
+
+def worker(pool: str, slot: int, state: str = "idle", **kw) -> WorkerView:
+    base = {"pid": 1000 + slot, "timeout": 10.0, "rss": 40 * MIB, "age": 60.0}
+    if state == "busy":
+        base |= {"job": 100 + slot, "kind": "render", "attempt": 1, "elapsed": 2.0}
+    return WorkerView(pool=pool, slot=slot, state=state, **(base | kw))
+
+
+def pool(name: str = "bulk", workers: tuple[WorkerView, ...] = (), **kw) -> PoolView:
+    base = dict(
+        kinds=("render",),
+        target=len(workers),
+        desired=len(workers),
+        ceiling=8,
+        binding="cpu",
+        min_workers=1,
+        max_workers=8,
+        timeout=10.0,
+        memory_limit=256 * MIB,
+        latency_target=300.0,
+        ping_timeout=2.0,
+        progress_window=30.0,
+        ready=0,
+        scheduled=0,
+        leased=sum(w.state == "busy" for w in workers),
+        dead=0,
+        finished={"done": 40, "exception": 2},
+        dead_letters={"exception": 1},
+        kills={"memory_limit": 1},
+        enqueued=45,
+        redeliveries=2,
+    )
+    return PoolView(name=name, workers=workers, **(base | kw))
+
+
+def snapshot(*pools: PoolView, node: str = "node-a", **kw) -> FleetSnapshot:
+    return FleetSnapshot(
+        node_id=node,
+        hostname=kw.pop("hostname", "host-a"),
+        pid=kw.pop("pid", 4242),
+        fleet="demo",
+        taken_at=1_800_000_000.0,
+        started_at=1_799_999_000.0,
+        pools={p.name: p for p in pools},
+        **kw,
+    )
+
+
+def row(snap: FleetSnapshot | None, age: float = 0.5, state: str = "running", **kw) -> dict:
+    return {
+        "node_id": kw.get("node_id", snap.node_id if snap else "node-x"),
+        "hostname": snap.hostname if snap else "host-x",
+        "pid": snap.pid if snap else 1,
+        "fleet": "demo",
+        "started_at": 1_799_999_000.0,
+        "heartbeat_at": 1_800_000_000.0 - age,
+        "state": state,
+        "snapshot": snap.to_json() if snap else None,
+        "age": age,
+    }
+
+
+class _Cfg:
+    def __init__(self, name: str, memory_limit: int | None = 256 * MIB) -> None:
+        self.name, self.handlers, self.memory_limit = name, {"render": "x:y"}, memory_limit
+        self.latency_target, self.timeout = 300.0, 10.0
+
+
+def view(*rows: dict, stats: dict | None = None, pools: tuple[str, ...] = ("bulk",)):
+    return build_view(
+        fleet="demo",
+        database="sqlite:///demo.db",
+        configured={p: _Cfg(p) for p in pools},
+        stats=stats if stats is not None else {p: PoolStats(p) for p in pools},
+        rows=rows,
+        now=1_800_000_000.0,
+    )
+
+
+# ---- health -------------------------------------------------------------------------------
+
+
+def test_a_quiet_supervisor_is_healthy() -> None:
+    snap = snapshot(pool(workers=(worker("bulk", 1), worker("bulk", 2, "busy"))))
+    assert health.judge(snap) == health.Verdict(True)
+
+
+@pytest.mark.parametrize(
+    ("w", "reason"),
+    [
+        (worker("bulk", 1, "busy", elapsed=12.5), "wedged_busy"),  # timeout 10 + grace 2
+        (worker("bulk", 1, "stopping", kill="timeout", killed_for=3.0), "kill_failed"),
+        (worker("bulk", 1, "idle", ping_wait=2.5), "ping_unanswered"),
+        (worker("bulk", 1, "busy", ping_wait=2.5), "ping_unanswered"),
+        (worker("bulk", 1, "starting", age=31.0), "stuck_starting"),
+    ],
+)
+def test_wedged_workers_are_named_with_the_reason(w: WorkerView, reason: str) -> None:
+    verdict = health.judge(snapshot(pool(workers=(w,))))
+    assert not verdict.healthy
+    [problem] = verdict.problems
+    assert (problem.reason, problem.pool, problem.worker, problem.pid) == (
+        reason,
+        "bulk",
+        "bulk#1",
+        w.pid,
+    )
+    assert problem.detail
+
+
+@pytest.mark.parametrize(
+    "w",
+    [
+        worker("bulk", 1, "busy", elapsed=11.9),  # past the timeout but within the kill grace
+        worker("bulk", 1, "stopping", kill="timeout", killed_for=1.0),
+        worker("bulk", 1, "idle", ping_wait=1.5),
+        worker("bulk", 1, "starting", age=5.0),
+    ],
+)
+def test_workers_within_their_grace_are_not_wedged(w: WorkerView) -> None:
+    assert health.judge(snapshot(pool(workers=(w,)))).healthy
+
+
+def test_the_soft_timeout_window_is_not_wedged() -> None:
+    w = worker("bulk", 1, "busy", elapsed=14.0)
+    assert health.judge(snapshot(pool(workers=(w,), soft_timeout=5.0))).healthy
+
+
+def test_a_pool_with_ready_work_and_no_progress_is_stalled_unless_draining() -> None:
+    stalled = pool(ready=12, oldest_age=45.0, stalled_for=45.0)
+    verdict = health.judge(snapshot(stalled))
+    assert [p.reason for p in verdict.problems] == ["pool_stalled"]
+    assert "12 ready" in verdict.problems[0].detail
+    assert health.judge(snapshot(stalled, state="draining")).healthy
+    assert health.judge(snapshot(replace(stalled, stalled_for=20.0))).healthy
+
+
+def test_an_old_snapshot_means_a_stuck_loop() -> None:
+    verdict = health.judge(snapshot(pool()), age=health.LOOP_STALE + 1)
+    assert [p.reason for p in verdict.problems] == ["loop_stalled"]
+
+
+# ---- windows and quantiles ----------------------------------------------------------------
+
+
+def test_quantiles_cover_only_the_recent_window() -> None:
+    rec = JobRecorder()
+    rec.record("bulk", 100.0, 900 * MIB, at=0.0)  # too old
+    for i in range(1, 21):
+        rec.record("bulk", float(i), i * MIB, at=1000.0)
+    assert rec.quantiles("bulk", now=1000.0, window=300.0) == (10.0, 19.0, 19 * MIB)
+    assert rec.pool("bulk").duration.count == 21  # the histogram keeps everything
+    assert quantile([], 0.5) is None
+
+
+def test_series_rates_and_deltas() -> None:
+    s = Series(keep=400)
+    for t in range(0, 121, 10):
+        s.add(float(t), {"done": t * 2.0})
+    assert s.rate("done", now=120.0, window=60.0) == pytest.approx(2.0)
+    assert s.delta("done", now=120.0, window=60.0) == pytest.approx(120.0)
+    assert s.delta("done", now=120.0, window=1000.0) == pytest.approx(240.0)
+    assert s.delta("missing", now=120.0, window=60.0) == 0.0
+
+
+# ---- metrics ------------------------------------------------------------------------------
+
+REQUIRED = {
+    "fleetd_oldest_job_age_seconds": {"pool"},
+    "fleetd_backlog_jobs": {"pool"},
+    "fleetd_jobs_enqueued_total": set(),
+    "fleetd_jobs_finished_total": {"pool", "outcome"},
+    "fleetd_job_duration_seconds": set(),
+    "fleetd_job_peak_rss_bytes": set(),
+    "fleetd_lease_expiries_total": set(),
+    "fleetd_redeliveries_total": set(),
+    "fleetd_lease_releases_total": set(),
+    "fleetd_workers": {"pool", "state"},
+    "fleetd_desired_workers": {"pool"},
+    "fleetd_pool_ceiling": {"pool"},
+    "fleetd_pool_saturated": {"pool"},
+    "fleetd_dead_letters_total": {"pool", "error_kind"},
+    "fleetd_worker_kills_total": {"pool", "reason"},
+}
+
+
+def scrape(snap: FleetSnapshot) -> dict[str, list]:
+    text = metrics.render(metrics.make_registry(lambda: snap)).decode()
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append(s)
+    return samples
+
+
+def test_every_metric_the_issue_names_is_exported_with_its_labels() -> None:
+    w = (worker("bulk", 1, "busy"), worker("bulk", 2))
+    samples = scrape(snapshot(pool(workers=w, ready=7, oldest_age=12.5), lease_expiries=3))
+    for name, labels in REQUIRED.items():
+        assert name in metrics.NAMES
+        found = samples.get(name) or samples.get(name + "_count")
+        assert found, f"{name} missing"
+        assert labels <= set(found[0].labels), (name, found[0].labels)
+    one = {s.name: s.value for s in samples["fleetd_backlog_jobs"]}
+    assert one == {"fleetd_backlog_jobs": 7.0}
+    assert samples["fleetd_oldest_job_age_seconds"][0].value == 12.5
+    assert samples["fleetd_lease_expiries_total"][0].value == 3.0
+    busy = [s for s in samples["fleetd_workers"] if s.labels["state"] == "busy"]
+    assert busy[0].value == 1.0
+    outcomes = {s.labels["outcome"]: s.value for s in samples["fleetd_jobs_finished_total"]}
+    assert outcomes["done"] == 40 and outcomes["exception"] == 2 and outcomes["timeout"] == 0
+
+
+def test_metrics_are_empty_before_the_first_snapshot() -> None:
+    assert metrics.render(metrics.make_registry(lambda: None)) == b""
+
+
+# ---- the status screen --------------------------------------------------------------------
+
+
+def busy_fleet(n_workers: int = 3, gone: bool = True):
+    bomb = worker("poison", 1, "busy", kind="parse_upload", rss=241 * MIB, elapsed=1.2)
+    poison = pool(
+        "poison", (bomb,), ready=3, oldest_age=200.0, memory_limit=256 * MIB, saturated=True
+    )
+    bulk_workers = tuple(
+        worker("bulk", i, "busy" if i % 2 else "idle") for i in range(1, n_workers + 1)
+    )
+    bulk = pool(
+        "bulk",
+        bulk_workers,
+        ready=120,
+        oldest_age=20.0,
+        arrival_rate=3.2,
+        throughput=2.9,
+        duration_p50=0.8,
+        duration_p95=2.1,
+        peak_rss_p95=180 * MIB,
+        recent={"redeliveries": 2, "failures": 3, "dead_letters": 1, "kills": 1},
+    )
+    rows = [row(snapshot(bulk, poison))]
+    if gone:
+        rows.append(row(snapshot(pool("bulk"), node="node-b", hostname="host-b"), age=95.0))
+    stats = {
+        "bulk": PoolStats("bulk", ready=120, oldest_ready_age=20.0),
+        "poison": PoolStats("poison", ready=3, oldest_ready_age=200.0),
+    }
+    return view(*rows, stats=stats, pools=("bulk", "poison"))
+
+
+def capture(v, width: int, height: int | None = None) -> str:
+    console = Console(record=True, width=width, file=io.StringIO(), color_system=None)
+    console.print(status_view.render(v, width, height))
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_the_status_screen_fits_its_width_and_says_what_matters(width: int) -> None:
+    text = capture(busy_fleet(), width)
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines), text
+    for needle in (
+        "bulk",
+        "poison",
+        "SATURATED",
+        "node-b",
+        "GONE",
+        "parse_upload",
+        "241M/256M",
+        "host-a",
+        "problem",
+    ):
+        if needle == "host-a" and width < status_view.WIDE:
+            continue  # one live host: no host column at 80 columns
+        assert needle in text, (needle, text)
+    assert "healthy" not in lines[0]  # a gone node is never shown as healthy
+
+
+def test_many_workers_collapse_to_fit_the_height() -> None:
+    text = capture(busy_fleet(n_workers=60, gone=False), 80, height=24)
+    lines = text.splitlines()
+    assert len(lines) <= 24, text
+    assert "more workers" in lines[-1]
+    assert "parse_upload" in text  # the worker near its memory limit is kept
+
+
+def test_the_status_json_matches_its_schema() -> None:
+    document = json.loads(json.dumps(busy_fleet().to_dict()))  # as the CLI prints it
+    jsonschema.validate(document, SCHEMA)
+    assert document["pools"]["bulk"]["ready"] == 120
+    gone = [n for n in document["nodes"] if n["status"] == "gone"]
+    assert [n["node_id"] for n in gone] == ["node-b"]
+    assert not document["health"]["healthy"]
+
+
+def test_nodes_without_a_heartbeat_are_gone_and_old_stopped_ones_hidden() -> None:
+    v = view(
+        row(snapshot(pool()), age=GONE_AFTER + 1),
+        row(None, age=5000.0, state="stopped", node_id="old"),
+        row(None, age=3.0, state="stopped", node_id="recent"),
+    )
+    assert [(n.node_id, n.status) for n in v.nodes] == [("node-a", "gone"), ("recent", "stopped")]
+    assert v.hidden_nodes == 1
+    assert [p.reason for p in v.verdict.problems] == ["node_gone"]
+
+
+def test_ready_work_with_no_live_node_is_flagged() -> None:
+    v = view(stats={"bulk": PoolStats("bulk", ready=5, oldest_ready_age=50.0)})
+    assert [p.reason for p in v.verdict.problems] == ["pool_unserved"]
+
+
+# ---- logs ---------------------------------------------------------------------------------
+
+
+def test_job_outcomes_log_as_json_with_their_fields() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    log = logging.getLogger("fleetd.test.observe")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        job_event(
+            log,
+            logging.WARNING,
+            "job_dead",
+            job_id=7,
+            pool="poison",
+            kind="parse",
+            attempt=2,
+            max_deliveries=2,
+            duration=0.25,
+            peak_rss=300 * MIB,
+            error_kind="memory_limit",
+            message="worker RSS passed memory_limit",
+        )
+    finally:
+        log.removeHandler(handler)
+    line = json.loads(stream.getvalue())
+    assert line["event"] == "job_dead" and line["level"] == "WARNING"
+    assert (line["job_id"], line["pool"], line["kind"], line["attempt"]) == (
+        7,
+        "poison",
+        "parse",
+        2,
+    )
+    assert (line["duration"], line["peak_rss"], line["error_kind"]) == (
+        0.25,
+        300 * MIB,
+        "memory_limit",
+    )
+    assert "job 7 parse (pool poison) attempt 2/2 dead" in line["msg"]
+    assert line["ts"].endswith("Z")
