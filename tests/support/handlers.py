@@ -213,3 +213,17 @@ def whoami(payload: Payload) -> dict[str, Any]:
 def unserialisable(payload: Payload) -> object:
     """Return a set, which JSON cannot carry."""
     return {1, 2, 3}
+
+
+@recorded
+def balloon(payload: Payload) -> int:
+    """A memory bomb caught in flight: touch ``payload["step_mib"]`` (16) MiB every
+    ``payload["interval"]`` (0.1) s up to ``payload["mib"]`` MiB, then hold it for
+    ``payload["hold"]`` seconds (for views that must show a worker near its memory limit)."""
+    step = int(payload.get("step_mib", 16)) * MIB
+    held = []
+    while len(held) * step < int(payload.get("mib", 200)) * MIB:
+        held.append(b"x" * step)
+        time.sleep(float(payload.get("interval", 0.1)))
+    time.sleep(float(payload.get("hold", 10.0)))
+    return len(held) * step
