@@ -39,6 +39,8 @@ def dur(seconds: float | None) -> str:
     """Short durations: ``350ms``, ``3.2s``, ``2m03s``, ``1h02m``, ``-``."""
     if seconds is None:
         return "-"
+    if seconds < 0.001:
+        return "<1ms"
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
@@ -364,7 +366,8 @@ def render(view: FleetView, width: int = 80, height: int | None = None) -> Rende
 
 def show_once(read: Callable[[], FleetView], console: Console) -> None:
     """One frame, fitted to the terminal (all workers when not printing to a terminal)."""
-    height = console.size.height if console.is_terminal else None
+    # the last line stays free: the newline after the frame would scroll its first line away
+    height = console.size.height - 1 if console.is_terminal else None
     console.print(render(read(), console.size.width, height))
 
 

@@ -32,6 +32,7 @@ log = logging.getLogger("fleetd.pinger")
 class _Outstanding:
     seq: int
     sent_at: float  # monotonic
+    every: float  # the pool's ping period: the next Ping is due this long after the Pong
 
 
 class Pinger:
@@ -52,19 +53,20 @@ class Pinger:
                         self._kill(worker, now - waiting.sent_at, now)
                     continue
                 if worker.state != "idle":
-                    self.next_ping.pop(worker.pid, None)  # ping again once idle for a while
+                    self.next_ping.pop(worker.pid, None)  # busy proves itself; ping once idle
                     continue
-                due = self.next_ping.setdefault(worker.pid, now + every)
+                # the first Ping soon (its Pong gives an idle worker's RSS), then every heartbeat
+                due = self.next_ping.setdefault(worker.pid, now + min(every, 1.0))
                 if now >= due:
-                    self._ping(worker, now)
+                    self._ping(worker, now, every)
 
-    def _ping(self, worker: WorkerHandle, now: float) -> None:
+    def _ping(self, worker: WorkerHandle, now: float, every: float) -> None:
         self.seq += 1
         try:
             worker.send(protocol.Ping(self.seq), timeout=0.0)
         except (OSError, TimeoutError):
             return  # the worker is going away; its exit is handled on reap
-        self.outstanding[worker.pid] = _Outstanding(self.seq, now)
+        self.outstanding[worker.pid] = _Outstanding(self.seq, now, every)
 
     def _kill(self, worker: WorkerHandle, silent: float, now: float) -> None:
         detail = f"did not answer a ping for {silent:.0f}s; stopped and replaced"
@@ -81,7 +83,7 @@ class Pinger:
         for msg in messages:
             if isinstance(msg, protocol.Pong) and msg.seq == waiting.seq:
                 del self.outstanding[worker.pid]
-                self.next_ping.pop(worker.pid, None)
+                self.next_ping[worker.pid] = now + waiting.every
                 return
 
     def waiting(self, pid: int, now: float) -> float | None:
