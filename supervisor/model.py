@@ -149,6 +149,7 @@ class FailOutcome:
     retried: tuple[int, ...] = ()
     dead: tuple[int, ...] = ()
     lost: tuple[Lease, ...] = ()  # the lease was no longer ours: nothing changed
+    deferred: tuple[int, ...] = ()  # of retried: past the pool's retry budget, deferred longer
 
 
 @dataclass(frozen=True, slots=True)

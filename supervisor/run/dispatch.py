@@ -8,7 +8,9 @@
     you do not hold. So does a lease that ran out while the database was unreachable, or one
     that reached max_lease_extensions (a timeout).
 
-Claims happen only for idle workers (plus ``prefetch``), and only when a wake-up came, the
+Claims pass the pool's fleet-wide caps (``ClaimLimits``) and retry budget to the store, which
+enforces both for every host at once; failures carry the budget too. Claims happen only for
+idle workers (plus ``prefetch``), and only when a wake-up came, the
 pool's adaptive poll is due, or a retry of a job this node failed becomes due (so retries keep
 their backoff instead of waiting for an idle pool's slow poll). Results are written in batches
 once per loop pass. When the store is unreachable every write stays in the outbox and is
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from supervisor.clock import Clock
 from supervisor.errors import StoreUnavailable
-from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease
+from supervisor.model import Ack, Claimed, ClaimLimits, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
 from supervisor.policy import KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
@@ -95,10 +97,18 @@ class Dispatcher:
             return
         while due and due[0] <= now:  # this claim sees those retries
             heapq.heappop(due)
-        lease = pool.config.lease
+        c = pool.config
+        lease = c.lease
+        limits = ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
         try:
             got = self.store.claim(
-                pool=pool.name, kinds=pool.kinds, n=want, node=self.node_id, lease=lease
+                pool=pool.name,
+                kinds=pool.kinds,
+                n=want,
+                node=self.node_id,
+                lease=lease,
+                limits=limits if limits.capped else None,
+                budget=_budget(c.retry_budget),
             )
         except StoreUnavailable as exc:
             self._store_failed(now, "claim", exc)
@@ -224,7 +234,8 @@ class Dispatcher:
             if kind is ErrorKind.PERMANENT
             else retry_delay(job.claimed.attempt, c.retry_backoff, c.retry_backoff_max, self.rng)
         )
-        failure = Failure(job.claimed.lease, kind, message, delay, peak, duration)
+        budget = _budget(c.retry_budget)
+        failure = Failure(job.claimed.lease, kind, message, delay, peak, duration, budget)
         self.fails.append((pool.name, failure))
         self.failed[job.claimed.job_id] = job.claimed  # for the dead-letter line, if it dies
         self.counters.job_finished(pool.name, str(kind), duration, peak, self.clock.monotonic())
@@ -282,10 +293,17 @@ class Dispatcher:
     def _record_fails(self, outcome) -> None:
         self.counters.lost_leases += len(outcome.lost)
         dead, retried = set(outcome.dead), set(outcome.retried)
+        deferred = set(outcome.deferred)
         written = self.clock.monotonic()  # after the write: the store's "now + delay" is earlier
         for pool, f in self.fails:
             if f.lease.job_id in retried and f.retry_delay is not None:
-                heapq.heappush(self.retries_due[pool], written + f.retry_delay)
+                later = f.budget.window if f.budget and f.lease.job_id in deferred else 0.0
+                heapq.heappush(self.retries_due[pool], written + f.retry_delay + later)
+        if deferred:
+            log.warning(
+                "retry budget exhausted: %d failed job(s) deferred instead of retried at once",
+                len(deferred),
+            )
             claimed = self.failed.pop(f.lease.job_id, None)
             if f.lease.job_id in dead:
                 self.counters.dead_letters[(pool, str(f.error_kind))] += 1
@@ -432,3 +450,8 @@ class Dispatcher:
             log.warning("store reachable again after %d failed calls", self.store_failures)
         self.store_failures = 0
         self.store_retry_at = 0.0
+
+
+def _budget(ratio: float | None) -> RetryBudget | None:
+    """The pool's retry budget (``retry_budget``; floor and window at their defaults)."""
+    return None if ratio is None else RetryBudget(ratio)

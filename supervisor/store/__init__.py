@@ -13,6 +13,7 @@ from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import (
     Ack,
     Claimed,
+    ClaimLimits,
     FailOutcome,
     Failure,
     Job,
@@ -22,6 +23,7 @@ from supervisor.model import (
     PoolHistory,
     PoolStats,
     ReapOutcome,
+    RetryBudget,
 )
 
 
@@ -36,7 +38,15 @@ class Store(Protocol):
     def enqueue(self, job: NewJob) -> int: ...
     def enqueue_many(self, new: Sequence[NewJob]) -> list[int]: ...
     def claim(
-        self, *, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+        self,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        limits: ClaimLimits | None = None,
+        budget: RetryBudget | None = None,
     ) -> list[Claimed]: ...
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]: ...
     def ack(self, acks: Sequence[Ack]) -> list[Lease]: ...

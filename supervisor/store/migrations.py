@@ -8,7 +8,9 @@ not understand.
 
 Rule for the next engineer: never edit a released migration. When the schema changes, add a new
 function to ``MIGRATIONS``; ``schema.py`` then describes the latest shape, and migration 1 keeps
-creating exactly the tables it named at the time.
+creating exactly the tables it named at the time. An index added later to one of those tables
+is attached to it in ``schema.py`` (so migration 1 makes it on a new database) and created with
+IF NOT EXISTS by its own migration (so an existing database gets it too).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlalchemy import Connection, select, text
+from sqlalchemy.schema import CreateIndex
 
 from supervisor.errors import StoreError
 from supervisor.store import schema
@@ -50,7 +53,17 @@ def _v2_postgres_vacuum(conn: Connection, dialect: str) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_tables, _v2_postgres_vacuum)
+def _v3_caps_and_retry_budget(conn: Connection, dialect: str) -> None:
+    """The capped, fair claim's indexes and the retry-budget counters. IF NOT EXISTS: on a new
+    database migration 1's ``create_all`` of the jobs table already made the index, because
+    ``schema.py`` attaches every index of the latest shape to the table (and reflection cannot
+    see an expression index, so ``checkfirst`` would not do)."""
+    for index in (schema.ix_jobs_tenant_claim, schema.ix_jobs_leased):
+        conn.execute(CreateIndex(index, if_not_exists=True))
+    schema.metadata.create_all(conn, tables=[schema.retry_budget])
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_tables, _v2_postgres_vacuum, _v3_caps_and_retry_budget)
 LATEST = len(MIGRATIONS)
 
 

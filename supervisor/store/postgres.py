@@ -6,6 +6,7 @@
   An injected clock replaces it only in tests.
 - Enqueue sends ``NOTIFY fleetd_jobs`` with the pool's name, so idle supervisors wake at once.
 - Single-statement verbs run in autocommit: no BEGIN/COMMIT round trips.
+- Claims of a pool with fleet-wide caps are serialised by an advisory lock on the pool.
 - The reaper also vacuums the job table when dead row versions pile up (``vacuum_if_due``).
 """
 
@@ -27,6 +28,7 @@ from supervisor.store.wake import PostgresWaker
 
 NOTIFY_CHANNEL = "fleetd_jobs"
 _MIGRATION_LOCK = 0x0F1EE7D  # advisory lock key: one migrator at a time
+_CLAIM_LOCKS = 0x0F1EE7C  # advisory lock space (first of two keys): capped claims per pool
 VACUUM_DEAD_ROWS = 10_000  # dead row versions in fleetd_jobs that make a vacuum due (~5,000 jobs)
 VACUUM_MIN_INTERVAL = 5.0  # seconds between two checks by one store
 
@@ -62,6 +64,16 @@ class PostgresStore(SqlStore):
 
     def _lock_for_migration(self, conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+
+    def _lock_claims(self, conn: Connection, pool: str) -> None:
+        """Capped claims of one pool take turns, on every host, until each commits: the
+        counts a claim reads stay true until it has leased. The two-key form keeps these
+        locks apart from the migration lock; pools whose names hash alike share a lock,
+        which only costs them a wait. Pools without caps never take it."""
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(:space, hashtext(:pool))"),
+            {"space": _CLAIM_LOCKS, "pool": pool},
+        )
 
     def _after_enqueue(self, conn: Connection, pools: set[str]) -> None:
         for pool in sorted(pools):

@@ -15,6 +15,14 @@ many jobs are queued:
 - ``ix_jobs_finished``: prune of done jobs past the retention, and the recent-completions window.
 - ``ix_jobs_state``: listing by state (``fleetd jobs``, the dead-letter queue).
 - ``uq_jobs_kind_key``: the idempotency key, unique per kind (NULL keys never collide).
+- ``ix_jobs_tenant_claim`` (migration 3): the capped, fair claim's scans over queued rows: one
+  probe per distinct tenant of a pool (a skip scan), then each tenant's first rows in claim
+  order. Jobs without a tenant are the tenant ``''`` (``TENANT``), so the index covers them.
+- ``ix_jobs_leased`` (migration 3): the capped claim's count of a pool's leased jobs per tenant
+  and kind, over leased rows only.
+
+``fleetd_retry_budget`` (migration 3) holds each pool's retry-budget counters in ``BUDGET_BUCKET``
+wide time buckets (supervisor/store/budget.py).
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    func,
+    literal_column,
     text,
 )
 
@@ -88,6 +98,25 @@ Index("ix_jobs_finished", jobs.c.pool, jobs.c.finished_at, **_partial("state = '
 Index("ix_jobs_state", jobs.c.state, jobs.c.pool, jobs.c.id)
 Index("uq_jobs_kind_key", jobs.c.kind, jobs.c.key, unique=True)
 
+# The tenant as the capped claim groups it: no tenant is the tenant ''. A literal, not a bound
+# parameter: SQLite uses an expression index only for the very same expression.
+TENANT = func.coalesce(jobs.c.tenant, literal_column("''"))
+ix_jobs_tenant_claim = Index(
+    "ix_jobs_tenant_claim",
+    jobs.c.pool,
+    TENANT,
+    jobs.c.priority.desc(),
+    jobs.c.available_at,
+    jobs.c.id,
+    **_partial("state = 'queued'"),
+)
+# The capped claim's count of a pool's leased jobs per tenant and kind: a handful of rows, read
+# from this small index alone. Without it, once statistics exist (ANALYZE, autovacuum), both
+# planners may read the whole table for it (13 ms at 100,000 rows on SQLite).
+ix_jobs_leased = Index(
+    "ix_jobs_leased", jobs.c.pool, TENANT, jobs.c.kind, **_partial("state = 'leased'")
+)
+
 nodes = Table(
     "fleetd_nodes",
     metadata,
@@ -106,4 +135,16 @@ schema_version = Table(
     metadata,
     Column("version", Integer, primary_key=True),
     Column("applied_at", _Time, nullable=False),
+)
+
+BUDGET_BUCKET = 10.0  # seconds per retry-budget bucket
+
+retry_budget = Table(
+    "fleetd_retry_budget",
+    metadata,
+    Column("pool", String(200), primary_key=True),
+    Column("bucket", BigInteger, primary_key=True, autoincrement=False),  # floor(now / 10 s)
+    Column("deliveries", Integer, nullable=False, server_default=text("0")),  # claims
+    Column("retries", Integer, nullable=False, server_default=text("0")),  # retried at once
+    Column("deferred", Integer, nullable=False, server_default=text("0")),  # past the budget
 )

@@ -45,6 +45,7 @@ from supervisor.errors import JobNotFound, NotDead, StoreError, StoreUnavailable
 from supervisor.model import (
     Ack,
     Claimed,
+    ClaimLimits,
     ErrorKind,
     FailOutcome,
     Failure,
@@ -55,8 +56,10 @@ from supervisor.model import (
     PoolHistory,
     PoolStats,
     ReapOutcome,
+    RetryBudget,
 )
-from supervisor.store import migrations
+from supervisor.store import fair, migrations
+from supervisor.store.budget import Budgets
 from supervisor.store.schema import jobs, nodes
 
 QUEUED, LEASED, DONE, DEAD = (s.value for s in JobState)
@@ -219,12 +222,25 @@ class SqlStore:
     # ---- claim and the lease ------------------------------------------------------------
 
     def claim(
-        self, *, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+        self,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        limits: ClaimLimits | None = None,
+        budget: RetryBudget | None = None,
     ) -> list[Claimed]:
         """Lease up to ``n`` ready jobs of ``pool`` whose kind is in ``kinds``, highest
-        priority first, then longest waiting. Counts a delivery on each."""
+        priority first, then longest waiting. Counts a delivery on each (and in the pool's
+        retry ``budget``, when it has one). With capped ``limits``, stays within the pool's,
+        tenants' and kinds' fleet-wide caps and orders fairly between tenants
+        (supervisor/store/fair.py)."""
         if n <= 0 or not kinds:
             return []
+        if limits is not None and limits.capped:
+            return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
         params = {
             "c_pool": pool,
             "c_kinds": sorted(kinds),
@@ -234,8 +250,111 @@ class SqlStore:
         }
         with self._auto() as conn:
             rows = self._exec(conn, self._claim_stmt, params).all()
+            if budget is not None and rows:
+                self._budgets.count_deliveries(conn, pool, budget, len(rows), rows[0].started_at)
         rows.sort(key=lambda r: (-r.priority, r.available_at, r.id))
         return [_claimed(r) for r in rows]
+
+    def _claim_capped(
+        self,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        limits: ClaimLimits,
+        budget: RetryBudget | None,
+    ) -> list[Claimed]:
+        """Count, choose and lease in one transaction, serialised per pool (fair.py)."""
+        with self._tx() as conn:
+            self._lock_claims(conn, pool)
+            running = fair.Running.of(conn.execute(self._leased_stmt, {"c_pool": pool}))
+            room = running.room(limits, n)
+            open_kinds = running.open_kinds(limits, kinds)
+            if room <= 0 or not open_kinds:
+                return []
+            window = self._window(conn, pool, running, limits, open_kinds, room)
+            taken = fair.pick(window, running, limits, room)
+            self._cursors[pool] = window.next_cursor(taken)
+            if not taken:
+                return []
+            chosen = [c.id for c in taken]
+            params = {"c_ids": chosen, "c_node": node, "c_lease": lease}
+            rows = {r.id: r for r in self._exec(conn, self._take_stmt, params)}
+            if budget is not None and rows:
+                at = next(iter(rows.values())).started_at
+                self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        return [_claimed(rows[i]) for i in chosen if i in rows]
+
+    def _window(
+        self,
+        conn: Connection,
+        pool: str,
+        running: fair.Running,
+        limits: ClaimLimits,
+        kinds: list[str],
+        room: int,
+    ) -> fair.Window:
+        """The capped claim's candidates: one read of the tenant window per kind group."""
+        full = running.full_tenants(limits)
+        groups = fair.kind_groups(running, limits, kinds, fair.per_tenant(limits, room))
+
+        def read(window: dict[str, Any]) -> list[Any]:
+            return [
+                row
+                for group, k in groups
+                for row in self._exec(
+                    conn,
+                    self._candidates_stmt,
+                    {"c_pool": pool, "c_full": full, "c_kinds": group, "c_k": k, **window},
+                )
+            ]
+
+        # tenants at their cap are probed but never read: they widen the window
+        return fair.gather(read, self._cursors.get(pool), fair.WINDOW + len(full))
+
+    def _lock_claims(self, conn: Connection, pool: str) -> None:
+        """Serialise capped claims of ``pool`` until this transaction ends. SQLite: BEGIN
+        IMMEDIATE already did; PostgreSQL takes an advisory lock."""
+
+    @cached_property
+    def _cursors(self) -> dict[str, str | None]:
+        """Per pool: the tenant where the last capped claim's window ended (fair.gather)."""
+        return {}
+
+    @cached_property
+    def _leased_stmt(self) -> Any:
+        return fair.leased_stmt()
+
+    @cached_property
+    def _candidates_stmt(self) -> Any:
+        lateral = self.engine.dialect.name == "postgresql"
+        return fair.candidates_stmt(self._now(), lateral=lateral, mostly_true=self._mostly_true)
+
+    @cached_property
+    def _take_stmt(self) -> Any:
+        """Lease exactly the jobs the capped claim chose (still queued: nothing else takes
+        queued jobs of a pool whose claims are serialised)."""
+        chosen = and_(jobs.c.id.in_(bindparam("c_ids", expanding=True)), jobs.c.state == QUEUED)
+        return update(jobs).where(chosen).values(self._lease_values()).returning(*_CLAIMED_COLUMNS)
+
+    @cached_property
+    def _budgets(self) -> Budgets:
+        return Budgets(self._insert(), self._now(), self._exec)
+
+    def _lease_values(self) -> dict[str, Any]:
+        """What a claim writes on each job it leases."""
+        now = self._now()
+        return {
+            "state": LEASED,
+            "owner": bindparam("c_node"),
+            "lease_token": self._token(),
+            "locked_until": now + bindparam("c_lease", type_=_TIME),
+            "attempts": jobs.c.attempts + 1,
+            "extensions": 0,
+            "started_at": now,
+            "finished_at": None,
+        }
 
     @cached_property
     def _claim_stmt(self) -> Any:
@@ -255,16 +374,7 @@ class SqlStore:
         return (
             update(jobs)
             .where(jobs.c.id.in_(ready.scalar_subquery()))
-            .values(
-                state=LEASED,
-                owner=bindparam("c_node"),
-                lease_token=self._token(),
-                locked_until=now + bindparam("c_lease", type_=_TIME),
-                attempts=jobs.c.attempts + 1,
-                extensions=0,
-                started_at=now,
-                finished_at=None,
-            )
+            .values(self._lease_values())
             .returning(*_CLAIMED_COLUMNS)
         )
 
@@ -342,18 +452,21 @@ class SqlStore:
 
     def fail(self, failures: Sequence[Failure]) -> FailOutcome:
         """Record failed deliveries: retry after ``retry_delay`` while attempts remain,
-        otherwise (or when ``retry_delay`` is None) dead-letter."""
+        otherwise (or when ``retry_delay`` is None) dead-letter. A failure with a retry
+        ``budget`` that is spent is deferred instead (supervisor/store/budget.py)."""
         retried: list[int] = []
         dead: list[int] = []
         lost: list[Lease] = []
         with self._tx() as conn:
+            deferred = self._budgets.judge(conn, failures)
             for f in failures:
                 stmt = self._dead_stmt if f.retry_delay is None else self._retry_stmt
+                deferral = deferred.get(f.lease.job_id)
                 params = {
                     "leases": [(f.lease.job_id, f.lease.token)],
-                    "f_delay": f.retry_delay or 0.0,
+                    "f_delay": deferral.delay if deferral else f.retry_delay or 0.0,
                     "f_error_kind": str(f.error_kind),
-                    "f_message": f.message,
+                    "f_message": deferral.message if deferral else f.message,
                     "f_peak_rss": f.peak_rss,
                     "f_duration": f.duration,
                 }
@@ -362,7 +475,8 @@ class SqlStore:
                     lost.append(f.lease)
                 else:
                     (dead if row.state == DEAD else retried).append(row.id)
-        return FailOutcome(tuple(retried), tuple(dead), tuple(lost))
+        later = tuple(i for i in retried if i in deferred)
+        return FailOutcome(tuple(retried), tuple(dead), tuple(lost), later)
 
     @cached_property
     def _retry_stmt(self) -> Any:
@@ -669,6 +783,7 @@ _CLAIMED_COLUMNS = (
     jobs.c.tenant,
     jobs.c.priority,
     jobs.c.available_at,
+    jobs.c.started_at,  # the claim's "now" (retry-budget bucket)
 )
 
 

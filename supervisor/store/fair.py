@@ -1,0 +1,312 @@
+"""The capped claim: fleet-wide caps per pool, tenant and kind, and fair shares between tenants.
+
+``SqlStore.claim`` with ``ClaimLimits`` runs these steps in one transaction, serialised per pool
+(SQLite: ``BEGIN IMMEDIATE``, the database's one writer; PostgreSQL: an advisory lock keyed on
+the pool, ``PostgresStore._lock_claims``), so two hosts never both see room for the same slot:
+
+1. ``leased_stmt``: the pool's leased jobs counted per (tenant, kind), from a small partial
+   index. Leased rows are few (at most the caps), so this is cheap however deep the queue.
+2. ``gather`` (``candidates_stmt``): a window of up to ``WINDOW`` tenants with queued jobs,
+   found by a skip scan (one index probe per distinct tenant, not one per job), starting after
+   the round-robin cursor; for each, its first ``k`` ready jobs in claim order, ``k`` being what
+   one claim could ever take from one tenant. Tenants at their cap, and kinds at theirs, are
+   left out in SQL; the window is widened by the number of tenants at their cap, which are
+   probed but not read (there are at most leased / tenant_max_inflight of them). Cost:
+   O((WINDOW + full tenants) + WINDOW × k), flat in queue depth and in the number of tenants.
+3. ``pick``: the fair order within the room left (pure Python, tested on its own).
+4. The chosen ids are leased (``SqlStore._take_stmt``), exactly as the plain claim leases.
+
+Fair order: a tenant's r-th candidate gets the position ``running + r``, where ``running`` is
+the tenant's jobs leased now, fleet-wide; lower positions are served first, ties by priority,
+then round-robin: tenants in the order they come after the cursor (the tenant last served).
+So every tenant's next job comes before any job that would put a tenant further ahead, across
+claims and hosts: a tenant with 100,000 queued jobs and three running waits while a tenant
+with ten queued and none running gets a slot. Priority orders jobs within a tenant and breaks
+ties between tenants; it never gives one tenant a second slot ahead of another's first. Jobs
+without a tenant share the tenant ``''``. The cursor is kept per store (per host), so hosts
+take turns from their own positions; the positions, read from the database, are shared.
+
+Kind caps and the bound ``k``: if a tenant's first ``k`` rows were read across all kinds, rows
+of a kind capped at 1 could fill them and hide the rows that could be taken. So each capped
+kind with room is read on its own, at most its room per tenant, and the other kinds together
+(``kind_groups``): one more statement per capped kind, over the same window of tenants.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Integer,
+    String,
+    Table,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    true,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from supervisor.model import ClaimLimits, JobState
+from supervisor.store.schema import TENANT, jobs
+
+QUEUED, LEASED = JobState.QUEUED.value, JobState.LEASED.value
+# Tenants one claim looks at (``gather``). Claim cost is O(WINDOW × k): 64 tenants keep a capped
+# claim within a few milliseconds however many tenants queue (docs/architecture.md).
+WINDOW = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """The pool's leased jobs when the claim started: in total, per tenant, per kind."""
+
+    total: int = 0
+    tenants: Counter[str] | None = None
+    kinds: Counter[str] | None = None
+
+    @classmethod
+    def of(cls, rows: Iterable[Any]) -> Running:
+        """From ``leased_stmt`` rows (tenant, kind, count)."""
+        tenants: Counter[str] = Counter()
+        kinds: Counter[str] = Counter()
+        for tenant, kind, count in rows:
+            tenants[tenant] += count
+            kinds[kind] += count
+        return cls(sum(tenants.values()), tenants, kinds)
+
+    def room(self, limits: ClaimLimits, n: int) -> int:
+        """How many jobs this claim may take at most."""
+        if limits.max_inflight is None:
+            return n
+        return max(0, min(n, limits.max_inflight - self.total))
+
+    def full_tenants(self, limits: ClaimLimits) -> list[str]:
+        cap = limits.tenant_max_inflight
+        return [] if cap is None else sorted(t for t, c in (self.tenants or {}).items() if c >= cap)
+
+    def open_kinds(self, limits: ClaimLimits, kinds: Iterable[str]) -> list[str]:
+        caps, running = limits.kind_max_inflight, self.kinds or Counter()
+        return sorted(k for k in kinds if k not in caps or running[k] < caps[k])
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A ready job the claim may take."""
+
+    id: int
+    tenant: str
+    kind: str
+    priority: int
+    available_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """What one claim looks at: candidates, and the tenants visited in round-robin order (from
+    the one after the cursor on). ``full``: the window held ``WINDOW`` tenants, so there may be
+    more beyond it."""
+
+    candidates: list[Candidate]
+    tenants: list[str]
+    full: bool = False
+
+    def next_cursor(self, taken: Sequence[Candidate]) -> str | None:
+        """Where the next claim's round starts: after the last tenant served in this one; when
+        none was, after this window (if there is more beyond it) or at the first tenant."""
+        served = {c.tenant for c in taken}
+        for tenant in reversed(self.tenants):
+            if tenant in served:
+                return tenant
+        return self.tenants[-1] if self.full and self.tenants else None
+
+
+def per_tenant(limits: ClaimLimits, room: int) -> int:
+    """``k``: the most one claim can take from one tenant, so the most worth reading."""
+    cap = limits.tenant_max_inflight
+    return room if cap is None else min(room, cap)
+
+
+def kind_groups(
+    running: Running, limits: ClaimLimits, kinds: Sequence[str], k: int
+) -> list[tuple[list[str], int]]:
+    """The reads a claim makes, as (kinds, rows per tenant): the uncapped kinds together, ``k``
+    rows per tenant; each capped kind with room left on its own, at most that room.
+
+    >>> kind_groups(Running(kinds=Counter(enrich=1)), ClaimLimits(kind_max_inflight={"enrich": 3}),
+    ...             ["enrich", "render"], 4)
+    [(['render'], 4), (['enrich'], 2)]
+    """
+    caps, busy = limits.kind_max_inflight, running.kinds or Counter()
+    free = [kind for kind in kinds if kind not in caps]
+    groups = [(free, k)] if free else []
+    for kind in kinds:
+        if kind in caps and busy[kind] < caps[kind]:
+            groups.append(([kind], min(k, caps[kind] - busy[kind])))
+    return groups
+
+
+def pick(window: Window, running: Running, limits: ClaimLimits, room: int) -> list[Candidate]:
+    """The jobs to lease, in fair order (module docstring), within the room left for the pool,
+    each tenant and each kind.
+
+    >>> w = Window([Candidate(1, "big", "k", 0, 1.0), Candidate(2, "big", "k", 0, 2.0),
+    ...             Candidate(9, "small", "k", 0, 5.0)], ["big", "small"])
+    >>> [c.id for c in pick(w, Running(3, Counter(big=3)), ClaimLimits(max_inflight=5), 2)]
+    [9, 1]
+    """
+    tenants_running = running.tenants or Counter()
+    kinds_running = running.kinds or Counter()
+    turn = {tenant: index for index, tenant in enumerate(window.tenants)}
+    rank: Counter[str] = Counter()
+    ordered = []
+    for c in sorted(window.candidates, key=lambda c: (c.tenant, -c.priority, c.available_at, c.id)):
+        rank[c.tenant] += 1
+        position = tenants_running[c.tenant] + rank[c.tenant]
+        ordered.append(((position, -c.priority, turn.get(c.tenant, len(turn)), rank[c.tenant]), c))
+    ordered.sort(key=lambda item: item[0])
+
+    taken: list[Candidate] = []
+    per_tenant_taken: Counter[str] = Counter()
+    per_kind_taken: Counter[str] = Counter()
+    tenant_cap, kind_caps = limits.tenant_max_inflight, limits.kind_max_inflight
+    for _, c in ordered:
+        if len(taken) >= room:
+            break
+        if tenant_cap is not None and tenants_running[c.tenant] + per_tenant_taken[c.tenant] >= (
+            tenant_cap
+        ):
+            continue
+        cap = kind_caps.get(c.kind)
+        if cap is not None and kinds_running[c.kind] + per_kind_taken[c.kind] >= cap:
+            continue
+        taken.append(c)
+        per_tenant_taken[c.tenant] += 1
+        per_kind_taken[c.kind] += 1
+    return taken
+
+
+# ---- statements (built once per store, with bind parameters) -----------------------------
+
+
+def leased_stmt() -> Any:
+    """The pool's leased jobs per (tenant, kind). Parameter: ``c_pool``."""
+    return (
+        select(TENANT.label("tenant"), jobs.c.kind, func.count())
+        .where(jobs.c.pool == bindparam("c_pool"), jobs.c.state == LEASED)
+        .group_by(TENANT, jobs.c.kind)
+    )
+
+
+def _tenant_of(table: Any) -> ColumnElement[str]:
+    """``TENANT`` for an alias of the jobs table (the same expression, so the index serves)."""
+    return func.coalesce(table.c.tenant, literal_column("''"))
+
+
+def _queued_in_pool(table: Any) -> ColumnElement[bool]:
+    return and_(table.c.pool == bindparam("c_pool"), table.c.state == QUEUED)
+
+
+def candidates_stmt(
+    now: ColumnElement[float],
+    *,
+    lateral: bool,
+    mostly_true: Callable[[ColumnElement[bool]], ColumnElement[bool]],
+) -> Any:
+    """A window of at most ``c_tenants`` tenants with queued jobs, in tenant order: the first
+    one after ``c_after`` (or the very first when ``c_first`` is 1), then the next ones, up to
+    ``c_until`` when ``c_bounded`` is 1. For each, its first ``c_k`` ready jobs of ``c_kinds``
+    in claim order, none for the tenants in ``c_full``. Rows: tenant, depth, then id, kind,
+    priority, available_at (all NULL for a visited tenant without candidates).
+
+    The tenants come from a recursive CTE that jumps from one distinct tenant to the next through
+    ``ix_jobs_tenant_claim`` (a loose index scan; neither engine does it on its own). Each
+    tenant's rows are a LIMITed scan of the same index: a LATERAL subquery on PostgreSQL, a
+    correlated ``id IN (… LIMIT k)`` on SQLite, which has no LATERAL."""
+    first = _next_tenant(jobs.alias("first_t"), None)
+    after = _next_tenant(jobs.alias("after_t"), bindparam("c_after", type_=String))
+    start = case((bindparam("c_first", type_=Integer) == 1, first), else_=after)
+    tenants = select(start.label("tenant"), literal(1, Integer).label("depth")).cte(
+        "tenants", recursive=True
+    )
+    following = _next_tenant(jobs.alias("next_t"), tenants.c.tenant)
+    tenants = tenants.union_all(
+        select(following, tenants.c.depth + 1).where(
+            tenants.c.tenant.is_not(None),
+            tenants.c.depth < bindparam("c_tenants", type_=Integer),
+        )
+    )
+
+    row: Table = jobs.alias("row")
+    columns = (row.c.id, row.c.kind, row.c.priority, row.c.available_at) if lateral else (row.c.id,)
+    firsts = (
+        select(*columns)
+        .where(
+            _queued_in_pool(row),
+            _tenant_of(row) == tenants.c.tenant,
+            mostly_true(row.c.available_at <= now),
+            row.c.kind.in_(bindparam("c_kinds", expanding=True)),
+        )
+        .order_by(row.c.priority.desc(), row.c.available_at, row.c.id)
+        .limit(bindparam("c_k", type_=Integer))
+    )
+    not_full = tenants.c.tenant.not_in(bindparam("c_full", expanding=True))
+    in_window = and_(
+        tenants.c.tenant.is_not(None),
+        or_(
+            bindparam("c_bounded", type_=Integer) == 0,
+            tenants.c.tenant <= bindparam("c_until", type_=String),
+        ),
+    )
+    if lateral:
+        c = firsts.where(not_full).lateral("c")
+        joined = tenants.outerjoin(c, true())
+        found = (c.c.id, c.c.kind, c.c.priority, c.c.available_at)
+    else:
+        joined = tenants.outerjoin(jobs, and_(not_full, jobs.c.id.in_(firsts)))
+        found = (jobs.c.id, jobs.c.kind, jobs.c.priority, jobs.c.available_at)
+    return select(tenants.c.tenant, tenants.c.depth, *found).select_from(joined).where(in_window)
+
+
+def _next_tenant(table: Any, after: ColumnElement[str] | None) -> Any:
+    """The first tenant with queued jobs in the pool (after ``after``): one index probe."""
+    tenant = _tenant_of(table)
+    where = [_queued_in_pool(table)] if after is None else [_queued_in_pool(table), tenant > after]
+    return select(tenant).where(*where).order_by(tenant).limit(1).scalar_subquery()
+
+
+Run = Callable[[dict[str, Any]], Iterable[Any]]
+
+
+def gather(run: Run, cursor: str | None, size: int) -> Window:
+    """The window of at most ``size`` tenants after ``cursor`` (None: from the first tenant),
+    wrapping around to the first tenant at most once, so it never holds a tenant twice; the
+    cursor's own tenant comes last. ``run(params)`` executes ``candidates_stmt`` with the
+    claim's other parameters. With at most ``size`` tenants, every claim sees them all."""
+    whole = {"c_tenants": size, "c_bounded": 0, "c_until": ""}
+    if cursor is None:
+        rows = sorted(run({**whole, "c_first": 1, "c_after": ""}), key=_depth)
+    else:
+        rows = sorted(run({**whole, "c_first": 0, "c_after": cursor}), key=_depth)
+        room = size - len({r.tenant for r in rows})
+        if room > 0:  # ran past the last tenant: go on from the first, up to the cursor
+            bounded = {"c_tenants": room, "c_bounded": 1, "c_until": cursor}
+            rows += sorted(run({**bounded, "c_first": 1, "c_after": ""}), key=_depth)
+    tenants = list(dict.fromkeys(r.tenant for r in rows))
+    found = [
+        Candidate(r.id, r.tenant, r.kind, r.priority, r.available_at)
+        for r in rows
+        if r.id is not None
+    ]
+    return Window(found, tenants, full=len(tenants) >= size)
+
+
+def _depth(row: Any) -> int:
+    return int(row.depth)
