@@ -6,6 +6,11 @@ Invariants: no job is lost; a job never has two valid leases (a lease is valid o
 the latest one issued for a leased job); attempts never decrease except by exactly one on a
 release; a job is dead only when attempts reached max_deliveries or it failed permanently;
 release never counts a delivery; every verb reports exactly the leases it could not use.
+
+Capped claims (``ClaimLimits``) are checked against a reference of the fair order written
+independently of supervisor/store/fair.py: repeatedly take the job whose tenant has the fewest
+leased-or-just-taken jobs, then the highest priority, then the tenant next in round-robin turn;
+never past the pool's or a tenant's cap.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from hypothesis.stateful import (
 from sqlalchemy import delete
 
 from supervisor.clock import FakeClock
-from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob
+from supervisor.model import Ack, ClaimLimits, ErrorKind, Failure, JobState, Lease, NewJob
 from supervisor.store.schema import jobs
 
 POOL, KINDS, LEASE = "p", {"k"}, 10.0
@@ -43,6 +48,7 @@ class Expected:
     token: str | None = None  # the valid lease, when leased
     locked_until: float = 0.0
     permanent: bool = False
+    tenant: str = ""  # no tenant is the tenant ""
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -57,6 +63,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self.model: dict[int, Expected] = {}
         self.issued: list[Lease] = []  # every lease ever handed out, stale ones included
         self.tokens: set[str] = set()
+        self.store._cursors.clear()  # the round-robin cursor: where the last capped claim ended
+        self.cursor: str | None = None
 
     def now(self) -> float:
         return self.clock.now()
@@ -70,16 +78,32 @@ class LeaseMachine(RuleBasedStateMachine):
         priority=st.integers(0, 2),
         delay=st.sampled_from([0, 0, 5]),
         max_deliveries=st.integers(1, 3),
+        tenant=st.sampled_from([None, "a", "b", "c"]),
     )
-    def enqueue(self, n: int, priority: int, delay: float, max_deliveries: int) -> None:
+    def enqueue(
+        self, n: int, priority: int, delay: float, max_deliveries: int, tenant: str | None
+    ) -> None:
         new = [
-            NewJob("k", POOL, json.dumps({"i": i}), max_deliveries, priority=priority, delay=delay)
+            NewJob(
+                "k",
+                POOL,
+                json.dumps({"i": i}),
+                max_deliveries,
+                priority=priority,
+                delay=delay,
+                tenant=tenant,
+            )
             for i in range(n)
         ]
         for jid in self.store.enqueue_many(new):
             assert jid not in self.model
             self.model[jid] = Expected(
-                JobState.QUEUED, 0, max_deliveries, priority, self.now() + delay
+                JobState.QUEUED,
+                0,
+                max_deliveries,
+                priority,
+                self.now() + delay,
+                tenant=tenant or "",
             )
 
     @rule(n=st.integers(1, 5))
@@ -100,6 +124,66 @@ class LeaseMachine(RuleBasedStateMachine):
             e.locked_until = self.now() + LEASE
             assert c.attempt == e.attempts
             self.issued.append(c.lease)
+
+    @rule(
+        n=st.integers(1, 5),
+        max_inflight=st.sampled_from([None, 1, 2, 4]),
+        tenant_max=st.sampled_from([None, 1, 2]),
+    )
+    def claim_capped(self, n: int, max_inflight: int | None, tenant_max: int | None) -> None:
+        limits = ClaimLimits(max_inflight, tenant_max)
+        if not limits.capped:
+            limits = ClaimLimits(max_inflight=100)
+        expected = self.fair_choice(n, limits)
+        got = self.store.claim(pool=POOL, kinds=KINDS, n=n, node="n", lease=LEASE, limits=limits)
+        assert [c.job_id for c in got] == expected
+        for c in got:
+            e = self.model[c.job_id]
+            assert c.lease.token not in self.tokens
+            self.tokens.add(c.lease.token)
+            e.state, e.attempts, e.token = JobState.LEASED, e.attempts + 1, c.lease.token
+            e.locked_until = self.now() + LEASE
+            assert c.attempt == e.attempts and (c.tenant or "") == e.tenant
+            self.issued.append(c.lease)
+
+    def fair_choice(self, n: int, limits: ClaimLimits) -> list[int]:
+        """The reference: one job at a time, from the tenant with the fewest jobs leased or
+        taken, highest priority, then round-robin turn after the cursor; within the caps."""
+        leased = [e for e in self.model.values() if e.state is JobState.LEASED]
+        running = {t: sum(e.tenant == t for e in leased) for t in ("", "a", "b", "c")}
+        queued = {e.tenant for e in self.model.values() if e.state is JobState.QUEUED}
+        order = sorted(queued)
+        if self.cursor is not None:
+            order = [t for t in order if t > self.cursor] + [t for t in order if t <= self.cursor]
+        ready = sorted(
+            (-e.priority, e.available_at, jid)
+            for jid, e in self.model.items()
+            if e.state is JobState.QUEUED and e.available_at <= self.now()
+        )
+        room = n if limits.max_inflight is None else min(n, limits.max_inflight - len(leased))
+        if room <= 0:
+            return []  # the pool is full: the claim stops before its window (cursor kept)
+        taken: list[int] = []
+        while len(taken) < room:
+            heads = []
+            for turn, tenant in enumerate(order):
+                if limits.tenant_max_inflight is not None and running[tenant] >= (
+                    limits.tenant_max_inflight
+                ):
+                    continue
+                head = next((r for r in ready if self.model[r[2]].tenant == tenant), None)
+                if head is not None:
+                    heads.append((running[tenant], head[0], turn, head))
+            if not heads:
+                break
+            _, _, _, head = min(heads)
+            ready.remove(head)
+            taken.append(head[2])
+            running[self.model[head[2]].tenant] += 1
+        served = [t for t in order if t in {self.model[j].tenant for j in taken}]
+        # the last tenant served; none served (and fewer tenants than a window): the first next
+        self.cursor = served[-1] if served else None
+        return taken
 
     def pick(self, data: st.DataObject) -> list[Lease]:
         return data.draw(st.lists(st.sampled_from(self.issued), max_size=4, unique=True))
