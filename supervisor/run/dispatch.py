@@ -299,11 +299,6 @@ class Dispatcher:
             if f.lease.job_id in retried and f.retry_delay is not None:
                 later = f.budget.window if f.budget and f.lease.job_id in deferred else 0.0
                 heapq.heappush(self.retries_due[pool], written + f.retry_delay + later)
-        if deferred:
-            log.warning(
-                "retry budget exhausted: %d failed job(s) deferred instead of retried at once",
-                len(deferred),
-            )
             claimed = self.failed.pop(f.lease.job_id, None)
             if f.lease.job_id in dead:
                 self.counters.dead_letters[(pool, str(f.error_kind))] += 1
@@ -318,6 +313,11 @@ class Dispatcher:
                         str(f.error_kind),
                         f.message,
                     )
+        if deferred:
+            log.warning(
+                "retry budget exhausted: %d failed job(s) deferred instead of retried at once",
+                len(deferred),
+            )
 
     def release_buffered(self) -> None:
         """Hand back every job claimed but not started (drain)."""

@@ -123,6 +123,7 @@ class Fleet:
 
     def boot(self) -> None:
         self.listen_metrics()  # before the node is registered: a taken port stops the start
+        self.observer.read_store(self.store, self.clock.monotonic())  # enqueues count from here
         self.store.register_node(
             node_id=self.node_id,
             hostname=socket.gethostname(),

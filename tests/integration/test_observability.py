@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import jsonschema
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -138,6 +139,10 @@ def test_metrics_after_a_small_workload(fleet: Harness) -> None:
     assert value(s, "fleetd_pool_ceiling", pool="work") >= 1
     assert value(s, "fleetd_pool_saturated", pool="work") == 0
     assert value(s, "fleetd_healthy") == 1
+    # served from the loop: the supervisor runs one thread, and no worker holds the port
+    assert psutil.Process(sup.pid).num_threads() == 1
+    for child in sup.track():
+        assert all(c.laddr.port != port for c in child.net_connections(kind="inet")), child
     assert names <= {n for m in metrics.METRICS for n in (m.name, *_hist(m))}
 
 

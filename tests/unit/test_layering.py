@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = {"supervisor/policy.py", "supervisor/units.py", "supervisor/model.py"}
+PURE = {
+    "supervisor/policy.py",
+    "supervisor/units.py",
+    "supervisor/model.py",
+    "supervisor/observe/snapshot.py",
+    "supervisor/observe/recorder.py",
+    "supervisor/observe/health.py",
+    "supervisor/observe/fleetview.py",
+}
 
 
 def modules(package: str) -> list[Path]:
@@ -63,3 +71,9 @@ def test_only_the_cli_and_the_demo_print(path: Path) -> None:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"
     ]
     assert not calls, f"{rel(path)} calls print(); return values and let the CLI print"
+
+
+@pytest.mark.parametrize("path", modules("supervisor/observe"), ids=rel)
+def test_observe_reads_the_snapshot_not_the_supervisor(path: Path) -> None:
+    """observe/ sits below run/: it never imports the loop, pools or workers."""
+    assert not {n for n in imported(path) if n.startswith("supervisor.run")}
