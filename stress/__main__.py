@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_e2e",
         "end to end: no-op throughput and idle pickup latency through fleetd start",
     ),
+    "chaos": (
+        "stress.chaos",
+        "faults on a seeded schedule against real supervisors; invariants checked",
+    ),
 }
 
 

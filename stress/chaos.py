@@ -1,0 +1,1011 @@
+"""Chaos: real supervisors, a hostile job mix, and faults on a seeded schedule; then every
+invariant checked from the store, the supervisors' logs and the handlers' execution log.
+
+What it does:
+
+1. Writes a fleet.toml with four pools: ``interactive`` (no-ops and 1-3 ms burns),
+   ``bulk`` (CPU burns, memory hogs, leaks with ``recycle_rss``, flaky jobs, jobs that ignore
+   SIGTERM), ``downstream`` (slow calls behind a file-lock semaphore of 2 slots, with
+   ``max_inflight = 2`` fleet-wide) and ``poison`` (gradual and instant memory bombs, hangs,
+   crashes by exit code, SIGSEGV and SIGKILL of itself, and a fork bomb: that pool runs as an
+   unprivileged user with ``nproc_limit``). Every pool has a short lease (3 s) so the jobs of a
+   SIGKILLed supervisor come back quickly. Supervisors log JSON, so every failed delivery is a
+   record with node, job, attempt and error kind.
+2. Starts ``--supervisors`` supervisors (``python -m supervisor start``, subprocesses) and
+   feeds ``--jobs`` jobs over the first 80% of ``--duration``: normal jobs with poison ones
+   among them (the payload says so: ``"poison": "<expected error kind>"``).
+3. Meanwhile, on a schedule drawn from ``--seed``: SIGKILLs busy workers (children of a
+   supervisor, found with psutil; the process title names the job), SIGKILLs a supervisor and
+   restarts it under a new node id, drains one with SIGTERM and starts its replacement once it
+   exited (a rolling deploy), and lets an extra supervisor join and later leave (SIGTERM).
+4. When every job is done or dead (or at ``--duration`` plus a tail), stops everything and
+   checks (``stress/chaos_checks.py`` says how each fault is told apart from a bug): nothing
+   lost; exactly the poison jobs dead, each of its expected error kind after max_deliveries;
+   no normal job dead or failed for a reason no fault explains; duplicates only where a kill
+   made them possible; drains released their jobs; the downstream cap held; no process left.
+
+Exit status: 0 when every invariant held, 1 on any violation, 2 on a usage error. The run's
+folder (config, database, logs, execution log, the harness's event log) is kept when a check
+failed or with ``--keep``.
+
+Examples::
+
+    python -m stress chaos --short                         # ~45 s, SQLite
+    python -m stress chaos --short --database postgres     # a fresh schema, dropped after
+    python -m stress chaos --jobs 20000 --duration 900     # the long run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pwd
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stress.chaos_checks import (
+    Evidence,
+    LoggedFailure,
+    NodeRun,
+    PlannedJob,
+    Report,
+    WorkerKill,
+    check,
+)
+
+HELP = "faults on a seeded schedule against real supervisors; invariants checked at the end"
+ROOT = Path(__file__).resolve().parents[1]
+FIX = "stress.fixtures:"
+LEASE = "3s"
+GRACE = 2.0
+NPROC_LIMIT = 48
+POISON_DELIVERIES = 3
+NORMAL_DELIVERIES = 5
+DOWNSTREAM_SLOTS = 2
+
+# pool -> (handlers: kind -> fixture, keys)
+POOLS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "interactive": (
+        {"ping": "noop", "quick": "burn"},
+        {"min_workers": 1, "max_workers": 2, "bound": "io", "timeout": "10s"},
+    ),
+    "bulk": (
+        {"crunch": "burn", "hog": "hog", "leak": "leak", "flaky": "flaky", "stubborn": "stubborn"},
+        {
+            "min_workers": 1,
+            "max_workers": 2,
+            "bound": "cpu",
+            "memory_limit": "384MiB",
+            "job_memory": "100MiB",
+            "recycle_rss": "192MiB",
+            "timeout": "10s",
+        },
+    ),
+    "downstream": (
+        {"call": "downstream"},
+        {
+            "min_workers": 1,
+            "max_workers": 3,
+            "bound": "io",
+            "max_inflight": DOWNSTREAM_SLOTS,
+            "timeout": "10s",
+        },
+    ),
+    "poison": (
+        {
+            "gradual_bomb": "gradual_bomb",
+            "instant_bomb": "instant_bomb",
+            "hang": "hang",
+            "crash_exit": "crash_exit",
+            "crash_segv": "crash_segv",
+            "crash_sigkill": "crash_sigkill",
+            "fork_bomb": "fork_bomb",
+        },
+        {
+            "min_workers": 1,
+            "max_workers": 2,
+            "bound": "io",
+            "memory_limit": "200MiB",
+            "job_memory": "64MiB",
+            "timeout": "2s",
+            "max_deliveries": POISON_DELIVERIES,
+            "retry_backoff": "200ms",
+            "retry_backoff_max": "1s",
+        },
+    ),
+}
+COMMON = {
+    "lease": LEASE,
+    "max_deliveries": NORMAL_DELIVERIES,
+    "retry_backoff": "200ms",
+    "retry_backoff_max": "2s",
+    "latency_target": "10s",
+    "scale_in_cooldown": "10s",
+}
+
+# the poison kinds, each with its payload and the error kind it must die of
+POISON: list[tuple[str, dict[str, Any], str]] = [
+    ("gradual_bomb", {"chunk_mib": 25, "interval": 0.02}, "memory_limit"),
+    ("instant_bomb", {"gib": 8}, "memory_limit"),
+    ("hang", {}, "timeout"),
+    ("crash_exit", {"code": 3}, "crashed"),
+    ("crash_segv", {}, "crashed"),
+    ("crash_sigkill", {}, "crashed"),
+    ("fork_bomb", {"hold": 8, "nap": 0.01}, "timeout"),
+]
+
+
+# ---- settings ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=1, help="the schedule and the mix (default 1)")
+    parser.add_argument("--jobs", type=int, help="jobs to enqueue (default 20000; --short 300)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        help="seconds over which jobs are fed and faults injected (default 900; --short 30)",
+    )
+    parser.add_argument(
+        "--database",
+        default="sqlite",
+        help="sqlite (a file in the run's folder), postgres (a fresh schema on "
+        "$FLEETD_TEST_POSTGRES_URL, dropped after) or a SQLAlchemy URL of an empty database",
+    )
+    parser.add_argument("--supervisors", type=int, default=2, help="supervisors kept running")
+    parser.add_argument("--short", action="store_true", help="a few hundred jobs, ~30-60 s")
+    parser.add_argument("--worker-kills", type=int, help="workers to SIGKILL (default duration/15)")
+    parser.add_argument("--supervisor-kills", type=int, help="supervisors to SIGKILL (default 6)")
+    parser.add_argument("--drains", type=int, help="rolling-deploy drains (default 12)")
+    parser.add_argument("--joins", type=int, help="extra supervisors joining, then leaving")
+    parser.add_argument(
+        "--poison-share", type=float, help="share of poison jobs (default 0.015; --short 0.08)"
+    )
+    parser.add_argument("--bomb-user", default="nobody", help="the poison pool's user (root only)")
+    parser.add_argument("--folder", type=Path, help="the run's folder (default: a temporary one)")
+    parser.add_argument("--keep", action="store_true", help="keep the run's folder")
+    parser.add_argument("--json", type=Path, help="write every figure and violation here")
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
+        help="the server --database postgres makes its schema on",
+    )
+
+
+@dataclass
+class Settings:
+    seed: int
+    jobs: int
+    duration: float
+    supervisors: int
+    worker_kills: int
+    supervisor_kills: int
+    drains: int
+    joins: int
+    poison_share: float
+    bomb_user: str | None
+    database: str
+    short: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Settings:
+        short = bool(args.short)
+        duration = args.duration or (30.0 if short else 900.0)
+
+        def pick(value: int | None, short_default: int, long_default: int) -> int:
+            return value if value is not None else (short_default if short else long_default)
+
+        bomb_user = args.bomb_user if os.geteuid() == 0 else None
+        return cls(
+            seed=args.seed,
+            jobs=pick(args.jobs, 300, 20_000),
+            duration=duration,
+            supervisors=max(1, args.supervisors),
+            worker_kills=pick(args.worker_kills, 3, max(50, int(duration / 15))),
+            supervisor_kills=pick(args.supervisor_kills, 1, 6),
+            drains=pick(args.drains, 1, 12),
+            joins=pick(args.joins, 1, 3),
+            poison_share=args.poison_share or (0.08 if short else 0.015),
+            bomb_user=bomb_user,
+            database=args.database,
+            short=short,
+        )
+
+    @property
+    def tail(self) -> float:
+        """How long after ``duration`` the run waits for the last jobs before giving up."""
+        return max(60.0, 0.3 * self.duration)
+
+
+# ---- the job mix ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    kind: str
+    pool: str
+    payload: dict[str, Any]
+    expect: str | None = None
+
+
+def plan_jobs(s: Settings, rng: random.Random, log: Path, lock_dir: Path) -> list[Item]:
+    """The mix, in enqueue order: poison kinds in turn (each at least once), the rest normal."""
+    pool_of = {kind: pool for pool, (handlers, _) in POOLS.items() for kind in handlers}
+    poison_kinds = [p for p in POISON if s.bomb_user or p[0] != "fork_bomb"]
+    n_poison = max(len(poison_kinds), round(s.jobs * s.poison_share))
+    normal: list[tuple[int, str, Any]] = [
+        (30, "ping", lambda: {}),
+        (10, "quick", lambda: {"ms": rng.randint(1, 3)}),
+        (15, "crunch", lambda: {"ms": rng.randint(5, 20)}),
+        (5, "hog", lambda: {"mib": rng.randint(10, 60), "ms": rng.randint(10, 80)}),
+        (5, "leak", lambda: {"mib": 2}),
+        (4, "flaky", lambda: {"succeed_on": rng.randint(2, 3)}),
+        (
+            8,
+            "call",
+            lambda: {
+                "seconds": round(rng.uniform(0.02, 0.08), 3),
+                "slots": DOWNSTREAM_SLOTS,
+                "lock_dir": str(lock_dir),
+            },
+        ),
+        (1, "stubborn", lambda: {"seconds": round(rng.uniform(0.5, 3.0), 2)}),
+    ]
+    weights = [w for w, _, _ in normal]
+    items: list[Item] = []
+    for n in range(s.jobs - n_poison):
+        _, kind, make = rng.choices(normal, weights)[0]
+        items.append(Item(kind, pool_of[kind], {"log": str(log), "n": n, **make()}))
+    for n in range(n_poison):
+        kind, payload, expect = poison_kinds[n % len(poison_kinds)]
+        body = {"log": str(log), "poison": expect, **payload}
+        items.insert(rng.randrange(len(items) + 1), Item(kind, "poison", body, expect))
+    return items
+
+
+# ---- the fleet --------------------------------------------------------------------------
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+        )
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def write_config(folder: Path, url: str, s: Settings) -> Path:
+    lines = [
+        "[fleet]",
+        f"name = {toml_value('chaos')}",
+        f"database = {toml_value(url)}",
+        f"python_path = {toml_value([str(ROOT)])}",
+        f'grace_period = "{GRACE}s"',
+        'log_format = "json"',
+        "",
+    ]
+    for pool, (handlers, keys) in POOLS.items():
+        settings = {**COMMON, **keys}
+        table = {kind: FIX + fixture for kind, fixture in handlers.items()}
+        if pool == "poison":
+            if s.bomb_user:
+                settings.update(user=s.bomb_user, nproc_limit=NPROC_LIMIT)
+            else:
+                table.pop("fork_bomb")
+        lines += [f"[pools.{pool}]", f"handlers = {toml_value(table)}"]
+        lines += [f"{k} = {toml_value(v)}" for k, v in settings.items()]
+        lines.append("")
+    path = folder / "fleet.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+SUPERVISOR = [sys.executable, "-m", "supervisor", "start"]
+_TITLE = re.compile(r"fleetd: (\w+)#\d+ (?:job=(\d+)|idle)")
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Node:
+    """One supervisor process and every descendant it was seen with."""
+
+    def __init__(self, name: str, role: str, config: Path, logs: Path) -> None:
+        self.name = name
+        self.role = role
+        self.config = config
+        self.log_path = logs / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ps: psutil.Process | None = None
+        self.seen: dict[int, psutil.Process] = {}
+        self.lock = threading.Lock()
+        self.run: NodeRun | None = None
+        self.started_mono = 0.0
+
+    def start(self) -> Node:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*SUPERVISOR, "-c", str(self.config), "--node-id", self.name],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.config.parent,
+                start_new_session=True,
+            )
+        self.ps = psutil.Process(self.proc.pid)
+        self.started_mono = time.monotonic()
+        self.run = NodeRun(self.name, self.role, self.proc.pid, time.time())
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def up_for(self) -> float:
+        return time.monotonic() - self.started_mono
+
+    def track(self) -> list[psutil.Process]:
+        """Record the descendants now; return them."""
+        if self.ps is None or not self.running():
+            return []
+        try:
+            children = self.ps.children(recursive=True)
+        except psutil.Error:
+            return []
+        with self.lock:
+            for c in children:
+                self.seen.setdefault(c.pid, c)
+        return children
+
+    def workers(self) -> list[tuple[psutil.Process, str | None, int | None]]:
+        """Its worker processes now: (process, pool, job id or None when idle)."""
+        if self.ps is None:
+            return []
+        out = []
+        try:
+            children = self.ps.children()
+        except psutil.Error:
+            return []
+        for child in children:
+            try:
+                title = " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            m = _TITLE.match(title)
+            if m:
+                out.append((child, m[1], int(m[2]) if m[2] else None))
+        return out
+
+    def signal(self, sig: int, how: str) -> None:
+        assert self.run is not None
+        self.track()
+        self.run.signalled = time.time()
+        self.run.how = how
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def reaped(self) -> bool:
+        """True once it exited (recording when and how)."""
+        assert self.proc is not None and self.run is not None
+        code = self.proc.poll()
+        if code is None:
+            return False
+        if self.run.exited is None:
+            self.run.exited = time.time()
+            self.run.exit_code = code
+        return True
+
+    def alive_seen(self) -> list[psutil.Process]:
+        with self.lock:
+            seen = list(self.seen.values())
+        return [p for p in seen if alive(p)]
+
+
+class Sampler(threading.Thread):
+    """Records every node's descendants every 0.25 s, and the bomb user's process count."""
+
+    def __init__(self, nodes: list[Node], bomb_uid: int | None) -> None:
+        super().__init__(daemon=True, name="chaos-sampler")
+        self.nodes = nodes
+        self.bomb_uid = bomb_uid
+        self.bomb_max = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        tick = 0
+        while not self.stop.wait(0.25):
+            for node in list(self.nodes):
+                node.track()
+            tick += 1
+            if self.bomb_uid is not None and tick % 2 == 0:
+                self.bomb_max = max(self.bomb_max, count_user(self.bomb_uid))
+
+
+def count_user(uid: int) -> int:
+    n = 0
+    for p in psutil.process_iter(["uids"]):
+        uids = p.info.get("uids")
+        if uids is not None and uids.real == uid:
+            n += 1
+    return n
+
+
+# ---- the run ----------------------------------------------------------------------------
+
+
+@dataclass(order=True)
+class Event:
+    at: float  # seconds since the start
+    what: str = field(compare=False)
+    target: Any = field(default=None, compare=False)
+
+
+class Chaos:
+    def __init__(self, s: Settings, folder: Path, url: str, console: Console) -> None:
+        self.s = s
+        self.folder = folder
+        self.url = url
+        self.console = console
+        self.rng = random.Random(s.seed)
+        self.logs = folder / "logs"
+        self.logs.mkdir()
+        self.exec_log = folder / "executions.jsonl"
+        self.lock_dir = folder / "locks"
+        self.lock_dir.mkdir()
+        self.events_path = folder / "chaos-events.jsonl"
+        # workers running as the bomb user must reach the execution log and the lock folder
+        for path in (folder, self.logs, self.lock_dir):
+            path.chmod(0o755)
+        self.exec_log.touch()
+        self.exec_log.chmod(0o666)
+        self.config = write_config(folder, url, s)
+        self.nodes: list[Node] = []
+        self.slots: dict[int, Node | None] = {}
+        self.generation: dict[int, int] = {}
+        self.guests = 0
+        self.kills: list[WorkerKill] = []
+        self.orphans: dict[int, psutil.Process] = {}
+        self.pending: list[Event] = []
+        self.restarts: list[tuple[float, int]] = []  # (at, slot)
+        self.draining: list[Node] = []
+        self.timed_out = False
+        self.bomb_uid = pwd.getpwnam(s.bomb_user).pw_uid if s.bomb_user else None
+        self.sampler = Sampler(self.nodes, self.bomb_uid)
+        self.plan: dict[int, PlannedJob] = {}
+        self.left: list[str] = []
+        self.most_running = 0
+        self.t0 = 0.0
+
+    # -- bookkeeping --
+
+    def note(self, what: str, **fields: Any) -> None:
+        line = {"t": round(time.time(), 3), "at": round(self.elapsed(), 2), "what": what, **fields}
+        with open(self.events_path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        if what not in ("fed",):
+            detail = " ".join(f"{k}={v}" for k, v in fields.items())
+            self.console.log(f"[bold]{what}[/] {detail}")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0 if self.t0 else 0.0
+
+    def start_node(self, slot: int | None) -> Node:
+        if slot is None:
+            self.guests += 1
+            name, role = f"guest-{self.guests}", "guest"
+        else:
+            self.generation[slot] = self.generation.get(slot, 0) + 1
+            name, role = f"s{slot}-{self.generation[slot]}", "base"
+        node = Node(name, role, self.config, self.logs).start()
+        self.nodes.append(node)
+        if slot is not None:
+            self.slots[slot] = node
+        self.note("start", node=name, pid=node.pid)
+        return node
+
+    def live(self, role: str | None = None) -> list[Node]:
+        return [
+            n
+            for n in self.nodes
+            if n.running() and n.run and n.run.how is None and (role is None or n.role == role)
+        ]
+
+    def leased_by(self, store: Any, name: str) -> list[int]:
+        from supervisor.model import JobState
+
+        return [j.id for j in _all_jobs(store, JobState.LEASED) if j.owner == name]
+
+    # -- the schedule --
+
+    def schedule(self) -> None:
+        d = self.s.duration
+
+        def times(n: int) -> list[float]:
+            return [self.rng.uniform(0.05 * d, 0.85 * d) for _ in range(n)]
+
+        for what, n in (
+            ("worker_kill", self.s.worker_kills),
+            ("supervisor_kill", self.s.supervisor_kills),
+            ("drain", self.s.drains),
+            ("join", self.s.joins),
+        ):
+            self.pending += [Event(t, what) for t in times(n)]
+        self.pending.sort()
+
+    def fault(self, ev: Event, store: Any) -> bool:
+        """Try to inject one fault; False: not possible now, try again later."""
+        supervisor_level = ev.what in ("supervisor_kill", "drain", "join")
+        if supervisor_level and (self.restarts or self.draining):
+            return False  # one supervisor-level change at a time
+        if ev.what == "worker_kill":
+            return self.kill_worker()
+        if ev.what == "supervisor_kill":
+            targets = [n for n in self.live("base") if n.up_for() > 2.0]
+            if not targets:
+                return False
+            node = self.rng.choice(targets)
+            before = {p.pid: p for p in node.track()}
+            node.signal(signal.SIGKILL, "kill")
+            assert node.run is not None
+            node.run.held = tuple(self.leased_by(store, node.name))
+            slot = next(k for k, v in self.slots.items() if v is node)
+            self.restarts.append((self.elapsed() + self.rng.uniform(0.5, 2.0), slot))
+            self.note("supervisor_kill", node=node.name, pid=node.pid, held=len(node.run.held))
+            self.pending.append(Event(self.elapsed() + 1.5, "orphans", before))
+            return True
+        if ev.what in ("drain", "leave"):
+            if ev.what == "leave":
+                node = ev.target
+            else:
+                targets = [n for n in self.live("base") if n.up_for() > 3.0]
+                if not targets:
+                    return False
+                node = self.rng.choice(targets)
+            if not node.running():
+                return True
+            node.signal(signal.SIGTERM, ev.what)
+            self.draining.append(node)
+            self.note(ev.what, node=node.name, pid=node.pid)
+            return True
+        if ev.what == "join":
+            guest = self.start_node(None)
+            stay = self.rng.uniform(0.08, 0.15) * self.s.duration
+            self.pending.append(Event(self.elapsed() + max(stay, 6.0), "leave", guest))
+            return True
+        if ev.what == "orphans":
+            left = [p for p in ev.target.values() if alive(p)]
+            self.orphans.update({p.pid: p for p in left})
+            if left:
+                self.note("orphans", count=len(left))
+            return True
+        raise AssertionError(ev.what)
+
+    def kill_worker(self) -> bool:
+        nodes = [n for n in self.live() if n.up_for() > 1.0]
+        candidates = [(n, w) for n in nodes for w in n.workers()]
+        busy = [(n, w) for n, w in candidates if w[2] is not None]
+        if not busy:
+            return False
+        # a pool first, then one of its busy workers: at any instant most busy workers run
+        # long poison jobs, and a kill should reach every kind of job
+        pool = self.rng.choice(sorted({w[1] for _, w in busy if w[1]}))
+        node, (proc, pool, job) = self.rng.choice([(n, w) for n, w in busy if w[1] == pool])
+        with contextlib.suppress(psutil.Error):
+            at = time.time()  # before the signal: the supervisor may log the crash at once
+            proc.send_signal(signal.SIGKILL)
+            self.kills.append(WorkerKill(at, node.name, proc.pid, pool, job))
+            self.note("worker_kill", node=node.name, pid=proc.pid, pool=pool, job=job)
+        return True
+
+    def follow_up(self, store: Any) -> None:
+        """Drains that ended (checked, then replaced) and restarts that are due."""
+        for node in list(self.draining):
+            if not node.reaped():
+                continue
+            self.draining.remove(node)
+            assert node.run is not None
+            node.run.left = tuple(self.leased_by(store, node.name))
+            took = (node.run.exited or 0) - (node.run.signalled or 0)
+            self.note(
+                "exited",
+                node=node.name,
+                code=node.run.exit_code,
+                took=round(took, 2),
+                left=len(node.run.left),
+            )
+            if node.run.how == "drain":
+                slot = next(k for k, v in self.slots.items() if v is node)
+                self.start_node(slot)
+        for at, slot in list(self.restarts):
+            if self.elapsed() >= at:
+                self.restarts.remove((at, slot))
+                self.start_node(slot)
+        for node in self.nodes:  # a supervisor that died without being told to
+            if node.run and node.run.how is None and node.run.exited is None and node.reaped():
+                self.note("died", node=node.name, code=node.run.exit_code)
+
+    # -- the whole run --
+
+    def run(self) -> Report:
+        from supervisor.client import Client
+        from supervisor.config import load_config
+        from supervisor.store import open_store
+
+        config = load_config(self.config)
+        store = open_store(self.url)
+        try:
+            if _all_jobs(store, None, limit=1):
+                raise SystemExit(f"chaos: {self.url} already holds jobs; give it an empty one")
+            client = Client(config, store)
+            items = plan_jobs(self.s, self.rng, self.exec_log, self.lock_dir)
+            self.schedule()
+            self.t0 = time.monotonic()
+            for slot in range(1, self.s.supervisors + 1):
+                self.start_node(slot)
+            self.sampler.start()
+            try:
+                self.loop(store, client, items, config)
+            finally:
+                self.stop_all()
+            return self.collect(store, config)
+        finally:
+            store.close()
+
+    def loop(self, store: Any, client: Any, items: list[Item], config: Any) -> None:
+        feed_until = 0.8 * self.s.duration
+        fed = 0
+        pools = list(config.pools)
+        final = 0
+        last_stats = 0.0
+        last_line = 0.0
+        deadline = self.s.duration + self.s.tail
+        with self.progress() as progress:
+            task = progress.add_task("jobs", total=len(items))
+            while True:
+                now = self.elapsed()
+                due = len(items) if now >= feed_until else int(len(items) * now / feed_until)
+                if due > fed:
+                    batch = items[fed:due]
+                    ids = client.enqueue_many(
+                        [{"kind": i.kind, "payload": i.payload} for i in batch]
+                    )
+                    for job_id, item in zip(ids, batch, strict=True):
+                        self.plan[job_id] = PlannedJob(item.kind, item.pool, item.expect)
+                    fed = due
+                for ev in [e for e in self.pending if e.at <= now]:
+                    if self.fault(ev, store):
+                        self.pending.remove(ev)
+                self.follow_up(store)
+                self.most_running = max(self.most_running, sum(n.running() for n in self.nodes))
+                if now - last_stats >= 1.0:
+                    last_stats = now
+                    stats = store.stats(pools)
+                    final = sum(p.done + p.dead for p in stats.values())
+                    progress.update(task, completed=final, description=self.status(fed, stats))
+                    if not self.console.is_terminal and now - last_line >= 15.0:
+                        last_line = now
+                        self.console.log(self.status(fed, stats))
+                settled = not self.pending and not self.restarts and not self.draining
+                if fed == len(items) and settled and final >= len(items):
+                    return
+                if now > deadline:
+                    self.timed_out = True
+                    self.note("timeout", final=final, enqueued=len(items))
+                    return
+                time.sleep(0.05)
+
+    def status(self, fed: int, stats: dict[str, Any]) -> str:
+        done = sum(p.done for p in stats.values())
+        dead = sum(p.dead for p in stats.values())
+        leased = sum(p.leased for p in stats.values())
+        queued = sum(p.ready + p.scheduled for p in stats.values())
+        runs = [n.run for n in self.nodes if n.run]
+        return (
+            f"fed {fed} done {done} dead {dead} leased {leased} queued {queued} | "
+            f"worker kills {len(self.kills)} sup kills {sum(r.how == 'kill' for r in runs)} "
+            f"drains {sum(r.how == 'drain' for r in runs)} "
+            f"leaves {sum(r.how == 'leave' for r in runs)} | live {len(self.live())}"
+        )
+
+    @contextlib.contextmanager
+    def progress(self) -> Iterator[Progress]:
+        progress = Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not self.console.is_terminal,
+        )
+        with progress:
+            yield progress
+
+    def stop_all(self) -> None:
+        """SIGTERM every live supervisor (a normal stop), SIGKILL any that hangs; then wait for
+        every process any of them ever had, and kill what is left (recorded)."""
+        for node in self.nodes:
+            if node.running() and node.run and node.run.how is None:
+                node.signal(signal.SIGTERM, "stop")
+        deadline = time.monotonic() + GRACE + 15.0
+        for node in self.nodes:
+            if node.proc is None:
+                continue
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.note("stop_timeout", node=node.name)
+                node.proc.kill()
+                node.proc.wait(5)
+            node.reaped()
+        self.sampler.stop.set()
+        self.sampler.join()
+        hold = max(float(p[1].get("hold", 0)) for p in POISON if p[0] == "fork_bomb")
+        end = time.monotonic() + hold + 3.0
+        while time.monotonic() < end and self.leftovers(kill=False):
+            time.sleep(0.2)
+        self.left = self.leftovers(kill=True)
+
+    def leftovers(self, *, kill: bool) -> list[str]:
+        out = []
+        procs = [(n.name, p) for n in self.nodes for p in n.alive_seen()]
+        procs += [("a SIGKILLed supervisor (orphan)", p) for p in self.orphans.values() if alive(p)]
+        for owner, p in procs:
+            try:
+                desc = f"pid {p.pid} {' '.join(p.cmdline())[:60]!r} of {owner}"
+            except psutil.Error:
+                continue
+            out.append(desc)
+            if kill:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        return out
+
+    # -- the evidence --
+
+    def collect(self, store: Any, config: Any) -> Report:
+        jobs = {j.id: j for j in _all_jobs(store, None)}
+        executions, torn = read_executions(self.exec_log)
+        failures, lost, problems = [], [], []
+        for node in self.nodes:
+            f, lo, pr = read_log(node.name, node.log_path)
+            failures += f
+            lost += lo
+            problems += pr
+        ev = Evidence(
+            plan=self.plan,
+            jobs=jobs,
+            executions=executions,
+            nodes=[n.run for n in self.nodes if n.run],
+            kills=self.kills,
+            failures=failures,
+            max_deliveries={p.name: p.max_deliveries for p in config.pools.values()},
+            caps={"call": DOWNSTREAM_SLOTS},
+            torn_lines=torn,
+            lost_leases=lost,
+            log_problems=problems,
+            leftovers=self.left,
+            orphans_after_kill=len(self.orphans),
+            bomb_procs_max=self.sampler.bomb_max if self.bomb_uid is not None else None,
+            nproc_limit=NPROC_LIMIT if self.bomb_uid is not None else None,
+            bomb_workers_max=POOLS["poison"][1]["max_workers"] * self.most_running,
+            timed_out=self.timed_out,
+        )
+        with open(self.folder / "nodes.json", "w") as f:
+            json.dump([asdict(n) for n in ev.nodes], f, indent=1)
+        return check(ev)
+
+
+def _all_jobs(store: Any, state: Any, limit: int | None = None) -> list[Any]:
+    out: list[Any] = []
+    after = 0
+    while True:
+        page = store.list_jobs(state=state, limit=1000, after_id=after)
+        out += page
+        if len(page) < 1000 or (limit is not None and len(out) >= limit):
+            return out
+        after = page[-1].id
+
+
+def read_executions(path: Path) -> tuple[list[dict[str, Any]], int]:
+    runs, torn = [], 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                runs.append(json.loads(line))
+            except json.JSONDecodeError:
+                torn += 1
+    return runs, torn
+
+
+_LOST = re.compile(r"^job (\d+): its lease")
+
+
+def read_log(node: str, path: Path) -> tuple[list[LoggedFailure], list[tuple[str, int]], list[str]]:
+    """A supervisor's JSON log: its failed deliveries, its lost leases, and its problems
+    (tracebacks, lines that are not JSON)."""
+    failures: list[LoggedFailure] = []
+    lost: list[tuple[str, int]] = []
+    problems: list[str] = []
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return failures, lost, problems
+    stray = 0
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            stray += 1
+            if "Traceback" in line:
+                problems.append(f"{node}: a traceback in its log ({path.name})")
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("exc"):
+            problems.append(f"{node}: {rec.get('msg', '')[:200]} (traceback in {path.name})")
+        if rec.get("event") == "job_failed":
+            ts = datetime.fromisoformat(rec["ts"].replace("Z", "+00:00")).timestamp()
+            failures.append(
+                LoggedFailure(
+                    ts,
+                    node,
+                    int(rec["job_id"]),
+                    int(rec.get("attempt") or 0),
+                    str(rec.get("error_kind")),
+                    str(rec.get("msg", "")),
+                )
+            )
+        m = _LOST.match(str(rec.get("msg", "")))
+        if m:
+            lost.append((node, int(m[1])))
+    if stray:
+        problems.append(f"{node}: {stray} line(s) of its log are not JSON ({path.name})")
+    return failures, lost, problems
+
+
+# ---- databases --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def database(spec: str, folder: Path, postgres_url: str, seed: int) -> Iterator[str]:
+    if spec == "sqlite":
+        yield f"sqlite:///{folder / 'chaos.db'}"
+        return
+    if spec != "postgres":
+        yield spec
+        return
+    import psycopg
+
+    schema = f"chaos_{os.getpid()}_{seed}"
+    plain = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in postgres_url else "?"
+    try:
+        yield f"{postgres_url}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(plain, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+# ---- output -----------------------------------------------------------------------------
+
+
+def render(report: Report, console: Console, title: str) -> None:
+    table = Table(title=title, show_lines=False)
+    table.add_column("section")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for section, names in report.figures.items():
+        first = True
+        for name, value in names.items():
+            table.add_row(section if first else "", name, str(value))
+            first = False
+        table.add_section()
+    console.print(table)
+    if report.violations:
+        console.print(f"[bold red]{len(report.violations)} violation(s):[/]")
+        for v in report.violations[:200]:
+            console.print(f"  - {v}", markup=False, highlight=False)
+    else:
+        console.print("[bold green]every invariant held[/]")
+
+
+def _reachable(folder: Path) -> bool:
+    """Every parent of ``folder`` lets other users through (o+x)."""
+    return all(p.stat().st_mode & 0o001 for p in folder.resolve().parents)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(log_path=False)
+    s = Settings.from_args(args)
+    if s.jobs < 20 or s.duration < 10:
+        console.print("chaos: --jobs must be at least 20 and --duration at least 10 s")
+        return 2
+    own_folder = args.folder is None
+    folder = Path(tempfile.mkdtemp(prefix="fleetd-chaos-")) if own_folder else args.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    if any(folder.iterdir()):
+        console.print(f"chaos: {folder} is not empty")
+        return 2
+    if s.bomb_user and not _reachable(folder):
+        console.print(
+            f"chaos: {folder} must be reachable by other users (the poison pool runs as "
+            f"{s.bomb_user!r}); choose a --folder whose parents are all o+x"
+        )
+        return 2
+    started = time.time()
+    with database(s.database, folder, args.postgres_url, s.seed) as url:
+        console.print(
+            f"chaos: seed {s.seed}, {s.jobs} jobs over {s.duration:.0f}s, {s.supervisors} "
+            f"supervisor(s), database {s.database}, folder {folder}"
+        )
+        if not s.bomb_user:
+            console.print("chaos: not root: no fork bomb (a pool's user needs root)")
+        chaos = Chaos(s, folder, url, console)
+        report = chaos.run()
+    wall = time.time() - started
+    report.figures = {
+        "run": {
+            "seed": s.seed,
+            "database": s.database if s.database in ("sqlite", "postgres") else "url",
+            "supervisors": s.supervisors,
+            "duration (fault window)": f"{s.duration:.0f}s",
+            "wall time": f"{wall:.1f}s",
+            "timed out": chaos.timed_out,
+        },
+        **report.figures,
+    }
+    render(report, console, f"fleetd chaos (seed {s.seed})")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"settings": asdict(s), "figures": report.flat(), "violations": report.violations},
+                indent=1,
+                default=str,
+            )
+        )
+    keep = args.keep or bool(report.violations) or not own_folder
+    if keep:
+        console.print(f"run folder kept: {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 1 if report.violations else 0
