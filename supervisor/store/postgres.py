@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import Connection, Float, String, cast, create_engine, extract, func, text
@@ -22,11 +24,12 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
-from supervisor.model import ReapOutcome
+from supervisor.model import Ack, Lease, ReapOutcome
 from supervisor.store.sql import SqlStore
 from supervisor.store.wake import PostgresWaker
 
 NOTIFY_CHANNEL = "fleetd_jobs"
+_DB_NOW = "CAST(extract(epoch FROM now()) AS DOUBLE PRECISION)"
 _MIGRATION_LOCK = 0x0F1EE7D  # advisory lock key: one migrator at a time
 _CLAIM_LOCKS = 0x0F1EE7C  # advisory lock space (first of two keys): capped claims per pool
 VACUUM_DEAD_ROWS = 10_000  # dead row versions in fleetd_jobs that make a vacuum due (~5,000 jobs)
@@ -52,6 +55,42 @@ class PostgresStore(SqlStore):
 
     def waker(self) -> PostgresWaker:
         return PostgresWaker(self._conninfo, NOTIFY_CHANNEL)
+
+    def ack(self, acks: Sequence[Ack]) -> list[Lease]:
+        """One statement for the whole batch (arrays unnested into rows), in autocommit: one
+        round trip and one commit, where the shared version needs a locking read first. The
+        RETURNING list says exactly which (id, token) pairs took."""
+        if not acks:
+            return []
+        params = {
+            "ids": [a.lease.job_id for a in acks],
+            "tokens": [a.lease.token for a in acks],
+            "results": [a.result for a in acks],
+            "peaks": [a.peak_rss for a in acks],
+            "durations": [a.duration for a in acks],
+        }
+        with self._auto() as conn:
+            rows = self._exec(conn, self._ack_batch_stmt, params)
+            took = {Lease(r.id, r.lease_token) for r in rows}
+        return [a.lease for a in acks if a.lease not in took]
+
+    @cached_property
+    def _ack_batch_stmt(self) -> Any:
+        now = "CAST(:now AS DOUBLE PRECISION)" if self._clock is not None else _DB_NOW
+        return text(
+            f"""
+            UPDATE fleetd_jobs AS j
+               SET state = 'done', result = v.result, peak_rss = v.peak_rss,
+                   duration = v.duration, finished_at = {now},
+                   owner = NULL, locked_until = NULL
+              FROM unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[]),
+                          CAST(:results AS TEXT[]), CAST(:peaks AS BIGINT[]),
+                          CAST(:durations AS DOUBLE PRECISION[]))
+                   AS v(id, token, result, peak_rss, duration)
+             WHERE j.id = v.id AND j.lease_token = v.token AND j.state = 'leased'
+            RETURNING j.id, j.lease_token
+            """
+        )
 
     def _db_now(self) -> ColumnElement[float]:
         return cast(extract("epoch", func.now()), Float(precision=53))
@@ -80,6 +119,13 @@ class PostgresStore(SqlStore):
             conn.execute(
                 text("SELECT pg_notify(:channel, :pool)"), {"channel": NOTIFY_CHANNEL, "pool": pool}
             )
+
+    def _announce(self, pools: set[str]) -> None:
+        try:
+            with self._auto() as conn:
+                self._after_enqueue(conn, pools)
+        except StoreError as exc:  # the release itself stands; polling picks the jobs up
+            log.warning("could not announce released jobs: %s", exc)
 
     def reap(self, *, limit: int = 1000) -> ReapOutcome:
         """Expired leases back to queued or dead (``SqlStore.reap``), then the job table's
