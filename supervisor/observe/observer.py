@@ -46,6 +46,7 @@ class Observer:
         self.started_at = clock.now()
         self.started_mono = clock.monotonic()
         self.series = Series(keep=RECENT_WINDOW + 2 * RATE_WINDOW)
+        self.series.add(self.started_mono, {})  # every counter is 0 at boot
         self.stats: dict[str, PoolStats] = {}
         self.stats_read_at: float | None = None  # monotonic
         self.enqueued: dict[str, int] = {name: 0 for name in config.pools}

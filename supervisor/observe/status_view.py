@@ -227,17 +227,20 @@ def _node_line(n: NodeView) -> Text:
     snap = n.snapshot
     workers = sum(len(p.workers) for p in snap.pools.values()) if snap else 0
     mark = Text("● ", style="green" if n.verdict.healthy else "red")
-    store = Text(" · store ok", style="dim")
+    store = Text("")  # said only when it matters: a healthy store is the normal case
     if snap is not None and not snap.store_ok:
         store = Text(f" · STORE DOWN ({snap.store_failures} failures)", style="bold red")
     up = dur(snap.uptime) if snap else "?"
+    if snap is not None and snap.recent_lease_expiries:  # the reaper serves every pool
+        reaped = f" · {snap.recent_lease_expiries} leases reaped/5m"
+        store = Text(reaped, style="yellow") + store
     state = Text(n.status, style="yellow" if n.status == "draining" else "")
     return _line(
         mark,
         Text(n.node_id, style="bold"),
-        f"  {where}  ",
+        f" {where} ",
         state,
-        f"  hb {dur(n.heartbeat_age)} · up {up} · {workers} workers",
+        f" hb {dur(n.heartbeat_age)} up {up} {workers} workers",
         store,
     )
 

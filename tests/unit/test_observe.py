@@ -268,7 +268,7 @@ def busy_fleet(n_workers: int = 3, gone: bool = True):
         peak_rss_p95=180 * MIB,
         recent={"redeliveries": 2, "failures": 3, "dead_letters": 1, "kills": 1},
     )
-    rows = [row(snapshot(bulk, poison))]
+    rows = [row(snapshot(bulk, poison, recent_lease_expiries=2))]
     if gone:
         rows.append(row(snapshot(pool("bulk"), node="node-b", hostname="host-b"), age=95.0))
     stats = {
@@ -290,6 +290,7 @@ def test_the_status_screen_fits_its_width_and_says_what_matters(width: int) -> N
     lines = text.splitlines()
     assert all(len(line) <= width for line in lines), text
     for needle in (
+        "2 leases reaped",
         "bulk",
         "poison",
         "SATURATED",
