@@ -166,7 +166,9 @@ class ReapOutcome:
 
 @dataclass(frozen=True, slots=True)
 class PoolStats:
-    """One pool's queue figures, read from the store."""
+    """One pool's queue figures, read from the store. Each count stops at ``STATS_CAP``
+    (``capped`` says when one did): the supervisor reads these every second, and an exact
+    count of a million rows costs the database half a second."""
 
     pool: str
     ready: int = 0  # queued and available now
@@ -175,6 +177,10 @@ class PoolStats:
     done: int = 0
     dead: int = 0
     oldest_ready_age: float = 0.0  # seconds the oldest ready job has waited; 0 when none
+    capped: bool = False  # some count reached STATS_CAP: read it as "at least"
+
+
+STATS_CAP = 10_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from supervisor.clock import Clock
 from supervisor.errors import JobNotFound, NotDead, StoreError, StoreUnavailable
 from supervisor.model import (
+    STATS_CAP,
     Ack,
     Claimed,
     ClaimLimits,
@@ -606,25 +607,34 @@ class SqlStore:
             return {p: self._pool_stats(conn, p, now) for p in pools}
 
     def _pool_stats(self, conn: Connection, pool: str, now: ColumnElement[float]) -> PoolStats:
-        queued = and_(jobs.c.pool == pool, jobs.c.state == QUEUED)
-        ready_q = select(func.count(), func.min(jobs.c.available_at), now).where(
-            queued, jobs.c.available_at <= now
-        )
-        ready, oldest, now_value = self._exec(conn, ready_q).one()
-        counts = dict(
-            conn.execute(
-                select(jobs.c.state, func.count()).where(jobs.c.pool == pool).group_by(jobs.c.state)
-            ).all()
-        )
+        in_pool = jobs.c.pool == pool
+        queued = and_(in_pool, jobs.c.state == QUEUED)
+        oldest, now_value = self._exec(
+            conn, select(func.min(jobs.c.available_at), now).where(queued)
+        ).one()
+        ready = 0
+        if oldest is not None and oldest <= now_value:
+            ready = self._capped(conn, and_(queued, jobs.c.available_at <= now))
+        counts = {
+            state: self._capped(conn, and_(in_pool, jobs.c.state == state))
+            for state in (QUEUED, LEASED, DONE, DEAD)
+        }
         return PoolStats(
             pool=pool,
             ready=ready,
-            scheduled=counts.get(QUEUED, 0) - ready,
-            leased=counts.get(LEASED, 0),
-            done=counts.get(DONE, 0),
-            dead=counts.get(DEAD, 0),
-            oldest_ready_age=max(0.0, now_value - oldest) if oldest is not None else 0.0,
+            scheduled=max(0, counts[QUEUED] - ready),
+            leased=counts[LEASED],
+            done=counts[DONE],
+            dead=counts[DEAD],
+            oldest_ready_age=max(0.0, now_value - oldest) if ready else 0.0,
+            capped=max(ready, *counts.values()) >= STATS_CAP,
         )
+
+    def _capped(self, conn: Connection, where: ColumnElement[bool]) -> int:
+        """count(*) of the rows matching ``where``, stopping at STATS_CAP: each walks at
+        most that many entries of the index its state's condition fits."""
+        inner = select(literal(1)).where(where).limit(STATS_CAP).subquery()
+        return int(self._exec(conn, select(func.count()).select_from(inner)).scalar_one())
 
     def history(self, pool: str, *, window: float, sample: int = 500) -> PoolHistory:
         """Jobs of ``pool`` done in the last ``window`` seconds (the done-jobs index by

@@ -323,3 +323,15 @@ def test_history_counts_recent_completions_with_durations_and_peaks(store, clock
     everything = store.history("bulk", window=500)
     assert everything.completed == 4 and sorted(everything.peaks) == [100, 200, 900]
     assert store.history("other", window=500).completed == 0
+
+
+def test_stats_counts_stop_at_the_cap(store, clock, monkeypatch):
+    import supervisor.store.sql as sql
+
+    monkeypatch.setattr(sql, "STATS_CAP", 5)
+    store.enqueue_many([job() for _ in range(8)])
+    clock.advance(3)
+    bulk = store.stats(["bulk"])["bulk"]
+    assert bulk.ready == 5 and bulk.capped and bulk.oldest_ready_age == pytest.approx(3.0)
+    small = store.stats(["other"])["other"]
+    assert small.ready == 0 and not small.capped
