@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.observe import metrics
+from supervisor.observe.fleetview import GONE_AFTER, node_view
 from tests.integration.fleet import REPO, Harness, handlers
 from tests.support.wait import eventually
 
@@ -255,3 +256,32 @@ def test_a_taken_metrics_port_stops_the_start(fleet: Harness) -> None:
         out = fleetd(config, "start")
     assert out.returncode == 2
     assert f"metrics: cannot listen on 127.0.0.1:{port}" in out.stderr
+
+
+@pytest.mark.parametrize("engine", ["sqlite"])
+def test_a_supervisor_killed_with_sigkill_is_shown_gone_not_healthy(fleet: Harness) -> None:
+    config = fleet.configure({"work": {**WORK, "min_workers": 1, "max_workers": 1}})
+    a, b = fleet.start("node-a"), fleet.start("node-b")
+    a.wait_workers(fleet.store, "work", 1)
+    b.wait_workers(fleet.store, "work", 1)
+    b.signal(signal.SIGKILL)  # no drain, no "stopped" row: the heartbeat just ends
+    b.wait_exit(5)
+
+    def gone() -> bool:
+        rows = {r["node_id"]: node_view(r) for r in fleet.store.list_nodes()}
+        return rows["node-b"].status == "gone"
+
+    eventually(gone, timeout=GONE_AFTER + 10)
+    out = fleetd(config, "status", "--json")
+    document = json.loads(out.stdout)
+    jsonschema.validate(document, SCHEMA)
+    status = {n["node_id"]: n["status"] for n in document["nodes"]}
+    assert status == {"node-a": "running", "node-b": "gone"}
+    assert not document["health"]["healthy"]
+    assert [(p["node"], p["reason"]) for p in document["health"]["problems"]] == [
+        ("node-b", "node_gone")
+    ]
+    assert "GONE" in fleetd(config, "status", "--once").stdout
+    live = fleetd(config, "check", "--live")
+    assert live.returncode == 1 and "node_gone: node-b" in live.stdout
+    a.check_alive()
