@@ -39,6 +39,7 @@ from supervisor.units import format_duration
 from workers import exitcodes, protocol
 
 log = logging.getLogger("fleetd.dispatch")
+EXPIRED_READ = 100  # rows read per reaper pass to log (and count) expired leases one by one
 
 PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
 
@@ -414,6 +415,36 @@ class Dispatcher:
                 out.count,
                 len(out.requeued),
                 len(out.dead),
+            )
+            self._expired_jobs(out.dead, out.requeued)
+
+    def _expired_jobs(self, dead_ids: tuple[int, ...], requeued: tuple[int, ...]) -> None:
+        """One log line per job whose lease expired, and the dead ones counted as dead
+        letters (the reaper returns only ids, so the rows are read: at most
+        ``EXPIRED_READ`` per pass; more are only in the summary line)."""
+        dead = set(dead_ids)
+        for job_id in [*dead_ids, *requeued][:EXPIRED_READ]:
+            try:
+                job = self.store.get(job_id)
+            except StoreUnavailable:
+                return
+            if job is None:
+                continue
+            if job_id in dead:
+                self.counters.dead_letters[(job.pool, str(ErrorKind.LEASE_EXPIRED))] += 1
+            job_event(
+                log,
+                logging.WARNING,
+                "job_dead" if job_id in dead else "job_lease_expired",
+                job_id=job.id,
+                pool=job.pool,
+                kind=job.kind,
+                attempt=job.attempts,
+                max_deliveries=job.max_deliveries,
+                duration=job.duration,
+                peak_rss=job.peak_rss,
+                error_kind=str(ErrorKind.LEASE_EXPIRED),
+                message=job.last_error or "its lease expired",
             )
 
     def prune(self, now: float, retention: float) -> None:

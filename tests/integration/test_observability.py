@@ -140,6 +140,7 @@ def test_metrics_after_a_small_workload(fleet: Harness) -> None:
     assert value(s, "fleetd_pool_ceiling", pool="work") >= 1
     assert value(s, "fleetd_pool_saturated", pool="work") == 0
     assert value(s, "fleetd_healthy") == 1
+    assert f"job {ghost} echo (pool work) attempt 1/2 lease_expired" in sup.log()
     # served from the loop: the supervisor runs one thread, and no worker holds the port
     assert psutil.Process(sup.pid).num_threads() == 1
     for child in sup.track():
