@@ -354,6 +354,9 @@ class Node:
         self.started_mono = 0.0
 
     def start(self) -> Node:
+        # the supervisors run the code of the tree this harness runs from (a worktree pinned
+        # at a commit, say), not whatever an editable install points at
+        path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [*SUPERVISOR, "-c", str(self.config), "--node-id", self.name],
@@ -361,6 +364,7 @@ class Node:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.config.parent,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
                 start_new_session=True,
             )
         self.ps = psutil.Process(self.proc.pid)
@@ -655,9 +659,13 @@ class Chaos:
             if self.elapsed() >= at:
                 self.restarts.remove((at, slot))
                 self.start_node(slot)
-        for node in self.nodes:  # a supervisor that died without being told to
+        for node in self.nodes:  # a supervisor that died without being told to: a violation,
+            # but its slot is refilled so the rest of the run still means something
             if node.run and node.run.how is None and node.run.exited is None and node.reaped():
                 self.note("died", node=node.name, code=node.run.exit_code)
+                slot = next((k for k, v in self.slots.items() if v is node), None)
+                if slot is not None:
+                    self.restarts.append((self.elapsed() + 1.0, slot))
 
     # -- the whole run --
 
@@ -954,7 +962,15 @@ def _reachable(folder: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in folder.resolve().parents)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM and SIGINT (ignored by a shell's background jobs) stop the run through its
+    # finally blocks: every supervisor stopped, nothing left running
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     console = Console(log_path=False)
     s = Settings.from_args(args)
     if s.jobs < 20 or s.duration < 10:
@@ -981,7 +997,11 @@ def run(args: argparse.Namespace) -> int:
         if not s.bomb_user:
             console.print("chaos: not root: no fork bomb (a pool's user needs root)")
         chaos = Chaos(s, folder, url, console)
-        report = chaos.run()
+        try:
+            report = chaos.run()
+        except KeyboardInterrupt:
+            console.print(f"chaos: interrupted; every supervisor stopped; folder {folder}")
+            return 130
     wall = time.time() - started
     report.figures = {
         "run": {
