@@ -100,18 +100,23 @@ def _measure(folder: Path, url: str, args: argparse.Namespace) -> list[str]:
     config = _config(folder, url, args.workers)
     with Client.from_config(config) as client:
         ids = client.enqueue_many([("noop", {}) for _ in range(args.jobs)])
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "start", "-c", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=open(folder / "log", "wb"),
-        )
+        with open(folder / "log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "supervisor", "start", "-c", str(config)],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         try:
             rate = _throughput(client, ids)
             pickups, round_trips = _pickups(client, args.pickups)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    q = statistics.quantiles(pickups, n=20) if len(pickups) > 1 else pickups * 19
+    q = (
+        statistics.quantiles(pickups, n=20, method="inclusive")
+        if len(pickups) > 1
+        else pickups * 19
+    )
     return [
         str(args.jobs),
         f"{rate:,.0f}",

@@ -107,10 +107,13 @@ def _report(
     for name in ("fleet", "bulk backlog", "p50", "p99", "max"):
         table.add_column(name, justify="right")
     for label, xs, depth in (("idle", idle, "0"), ("bulk queued", busy, f"{backlog:,}→{still:,}")):
-        q = statistics.quantiles(xs, n=100)
+        q = statistics.quantiles(xs, n=100, method="inclusive")
         table.add_row(label, depth, _ms(statistics.median(xs)), _ms(q[98]), _ms(max(xs)))
     Console().print(table)
-    ratio = statistics.quantiles(busy, n=100)[98] / statistics.quantiles(idle, n=100)[98]
+    ratio = (
+        statistics.quantiles(busy, n=100, method="inclusive")[98]
+        / statistics.quantiles(idle, n=100, method="inclusive")[98]
+    )
     Console().print(f"p99 with the backlog / p99 idle: {ratio:.2f}")
 
 
