@@ -66,6 +66,7 @@ class PoolSummary:
     leased: int | None = None
     dead: int | None = None
     oldest_age: float = 0.0
+    counts_capped: bool = False  # a count reached the store's cap: "at least"
     latency_target: float = 0.0
     age_level: str = "green"  # green, amber, red: oldest age against the latency target
     arrival_rate: float = 0.0
@@ -286,6 +287,7 @@ def _summary(name: str, config: Any, stats: PoolStats | None, live: list[NodeVie
         leased=stats.leased if stats else None,
         dead=stats.dead if stats else None,
         oldest_age=oldest,
+        counts_capped=stats.capped if stats else any(v.counts_capped for v in pv),
         latency_target=latency,
         age_level=age_level(oldest, latency) if ready else "green",
         arrival_rate=max((v.arrival_rate for v in pv), default=0.0),

@@ -169,6 +169,7 @@ class Observer:
             leased=stats.leased if stats else None,
             dead=stats.dead if stats else None,
             oldest_age=stats.oldest_ready_age if stats else 0.0,
+            counts_capped=bool(stats and stats.capped),
             arrival_rate=series.rate(f"{name}:enqueued", now, RATE_WINDOW),
             throughput=series.rate(f"{name}:finished", now, RATE_WINDOW),
             duration_p50=p50,

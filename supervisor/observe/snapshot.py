@@ -105,6 +105,7 @@ class PoolView:
     leased: int | None = None
     dead: int | None = None
     oldest_age: float = 0.0
+    counts_capped: bool = False  # a count reached the store's cap: read it as "at least"
     arrival_rate: float = 0.0  # jobs enqueued per second, last minute (fleet-wide)
     # this node's work
     throughput: float = 0.0  # jobs finished per second here, last minute (any outcome)

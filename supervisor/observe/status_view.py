@@ -124,8 +124,9 @@ def _oldest(p: PoolSummary, label: str = "oldest ") -> Text:
 def _backlog(p: PoolSummary) -> str:
     if p.ready is None:
         return "backlog ?"
-    later = f" +{p.scheduled} later" if p.scheduled else ""
-    return f"backlog {p.ready}{later}"
+    more = "+" if p.counts_capped else ""  # the store stops counting at its cap
+    later = f" +{p.scheduled}{more} later" if p.scheduled else ""
+    return f"backlog {p.ready}{more}{later}"
 
 
 def _rss(p: PoolSummary) -> str:

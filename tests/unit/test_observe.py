@@ -273,7 +273,7 @@ def busy_fleet(n_workers: int = 3, gone: bool = True):
         rows.append(row(snapshot(pool("bulk"), node="node-b", hostname="host-b"), age=95.0))
     stats = {
         "bulk": PoolStats("bulk", ready=120, oldest_ready_age=20.0),
-        "poison": PoolStats("poison", ready=3, oldest_ready_age=200.0),
+        "poison": PoolStats("poison", ready=10_000, oldest_ready_age=200.0, capped=True),
     }
     return view(*rows, stats=stats, pools=("bulk", "poison"))
 
@@ -305,6 +305,7 @@ def test_the_status_screen_fits_its_width_and_says_what_matters(width: int) -> N
             continue  # one live host: no host column at 80 columns
         assert needle in text, (needle, text)
     assert "healthy" not in lines[0]  # a gone node is never shown as healthy
+    assert ("backlog 10000+" if width < status_view.WIDE else "10000+") in text  # "at least"
 
 
 def test_many_workers_collapse_to_fit_the_height() -> None:
@@ -319,6 +320,7 @@ def test_the_status_json_matches_its_schema() -> None:
     document = json.loads(json.dumps(busy_fleet().to_dict()))  # as the CLI prints it
     jsonschema.validate(document, SCHEMA)
     assert document["pools"]["bulk"]["ready"] == 120
+    assert document["pools"]["poison"]["counts_capped"] is True
     gone = [n for n in document["nodes"] if n["status"] == "gone"]
     assert [n["node_id"] for n in gone] == ["node-b"]
     assert not document["health"]["healthy"]
