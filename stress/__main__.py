@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_e2e",
         "end to end: no-op throughput and idle pickup latency through fleetd start",
     ),
+    "bench-caps": (
+        "stress.bench_caps",
+        "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",
+    ),
     "chaos": (
         "stress.chaos",
         "faults on a seeded schedule against real supervisors; invariants checked",

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from supervisor.clock import Clock
+from supervisor.config import PoolConfig
 from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ClaimLimits, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
@@ -74,6 +75,9 @@ class Dispatcher:
         self.fails: list[tuple[str, Failure]] = []  # (pool, failure)
         self.releases: list[Lease] = []
         self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
+        # pools whose jobs finished since the last flush: under a fleet-wide cap, writing the
+        # result frees room, so a capped pool claims again at once instead of at its slow poll
+        self.freed: set[str] = set()
         self.next_heartbeat = {name: 0.0 for name in pools}
         # when jobs this node failed become claimable again (monotonic, a heap per pool): an
         # idle pool polls then, not at its adaptive poll's next slow tick
@@ -100,7 +104,7 @@ class Dispatcher:
             heapq.heappop(due)
         c = pool.config
         lease = c.lease
-        limits = ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
+        limits = _limits(c)
         try:
             got = self.store.claim(
                 pool=pool.name,
@@ -193,6 +197,7 @@ class Dispatcher:
             worker.state = "stopping" if worker.job is None else worker.state
 
     def _job_over(self, worker: WorkerHandle) -> None:
+        self.freed.add(worker.pool)
         worker.job = None
         worker.soft_signalled_at = None
         worker.jobs_done += 1
@@ -290,6 +295,10 @@ class Dispatcher:
             self._store_failed(now, "write results", exc)
             return
         self._store_ok()
+        for name in self.freed:
+            if _limits(self.pools[name].config).capped:
+                self.wake(self.pools[name])
+        self.freed.clear()
 
     def _record_fails(self, outcome) -> None:
         self.counters.lost_leases += len(outcome.lost)
@@ -481,6 +490,11 @@ class Dispatcher:
             log.warning("store reachable again after %d failed calls", self.store_failures)
         self.store_failures = 0
         self.store_retry_at = 0.0
+
+
+def _limits(c: PoolConfig) -> ClaimLimits:
+    """The pool's fleet-wide caps, as the store's claim takes them."""
+    return ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
 
 
 def _budget(ratio: float | None) -> RetryBudget | None:

@@ -13,7 +13,9 @@ the pool, ``PostgresStore._lock_claims``), so two hosts never both see room for 
    left out in SQL; the window is widened by the number of tenants at their cap, which are
    probed but not read (there are at most leased / tenant_max_inflight of them). Cost:
    O((WINDOW + full tenants) + WINDOW × k), flat in queue depth and in the number of tenants.
-3. ``pick``: the fair order within the room left (pure Python, tested on its own).
+3. ``pick``: the fair order within the room left (pure Python, tested on its own). The window
+   is read first with one row per tenant; only when those heads cannot decide the pick
+   (``heads_decide``: few tenants, or uneven running counts) is it read again with ``k``.
 4. The chosen ids are leased (``SqlStore._take_stmt``), exactly as the plain claim leases.
 
 Fair order: a tenant's r-th candidate gets the position ``running + r``, where ``running`` is
@@ -132,6 +134,37 @@ def per_tenant(limits: ClaimLimits, room: int) -> int:
     """``k``: the most one claim can take from one tenant, so the most worth reading."""
     cap = limits.tenant_max_inflight
     return room if cap is None else min(room, cap)
+
+
+def heads_decide(
+    window: Window,
+    running: Running,
+    limits: ClaimLimits,
+    kinds: Sequence[str],
+    room: int,
+    taken: Sequence[Candidate],
+) -> bool:
+    """Whether ``taken``, picked from each tenant's first row only, is what the full read of
+    ``k`` rows per tenant would pick, so the claim can skip that read. True when one row per
+    tenant is all there is to read (``k`` = 1), or when the heads filled the room with positions
+    below every tenant's second row (``running + 2``): no unread row can come before them. Not
+    decided with kind caps (their groups interleave within a tenant). With many tenants in the
+    window the heads nearly always decide, which cuts the read from WINDOW × k rows to WINDOW.
+
+    >>> w = Window([Candidate(1, "a", "k", 0, 0.0), Candidate(2, "b", "k", 0, 0.0)], ["a", "b"])
+    >>> heads_decide(w, Running(), ClaimLimits(max_inflight=9), ["k"], 2, w.candidates)
+    True
+    >>> heads_decide(w, Running(1, Counter(b=1)), ClaimLimits(max_inflight=9), ["k"], 2,
+    ...              w.candidates)
+    False
+    """
+    if per_tenant(limits, room) == 1:
+        return True
+    if len(kind_groups(running, limits, kinds, 1)) != 1 or len(taken) < room:
+        return False
+    busy = running.tenants or Counter()
+    highest = max(busy[c.tenant] + 1 for c in taken)
+    return all(highest < busy[c.tenant] + 2 for c in window.candidates)
 
 
 def kind_groups(

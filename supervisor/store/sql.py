@@ -274,9 +274,15 @@ class SqlStore:
             open_kinds = running.open_kinds(limits, kinds)
             if room <= 0 or not open_kinds:
                 return []
-            window = self._window(conn, pool, running, limits, open_kinds, room)
+            # heads first when the last window had tenants enough to fill the room with them
+            heads = self._widths.get(pool, room) >= room
+            window = self._window(conn, pool, running, limits, open_kinds, room, heads=heads)
             taken = fair.pick(window, running, limits, room)
+            if heads and not fair.heads_decide(window, running, limits, open_kinds, room, taken):
+                window = self._window(conn, pool, running, limits, open_kinds, room)
+                taken = fair.pick(window, running, limits, room)
             self._cursors[pool] = window.next_cursor(taken)
+            self._widths[pool] = len(window.tenants)
             if not taken:
                 return []
             chosen = [c.id for c in taken]
@@ -295,10 +301,13 @@ class SqlStore:
         limits: ClaimLimits,
         kinds: list[str],
         room: int,
+        heads: bool = False,
     ) -> fair.Window:
-        """The capped claim's candidates: one read of the tenant window per kind group."""
+        """The capped claim's candidates: one read of the tenant window per kind group (with
+        ``heads``, each tenant's first row only)."""
         full = running.full_tenants(limits)
-        groups = fair.kind_groups(running, limits, kinds, fair.per_tenant(limits, room))
+        k = 1 if heads else fair.per_tenant(limits, room)
+        groups = fair.kind_groups(running, limits, kinds, k)
 
         def read(window: dict[str, Any]) -> list[Any]:
             return [
@@ -321,6 +330,11 @@ class SqlStore:
     @cached_property
     def _cursors(self) -> dict[str, str | None]:
         """Per pool: the tenant where the last capped claim's window ended (fair.gather)."""
+        return {}
+
+    @cached_property
+    def _widths(self) -> dict[str, int]:
+        """Per pool: how many tenants the last capped claim's window held."""
         return {}
 
     @cached_property
