@@ -215,10 +215,11 @@ def test_healthz_catches_an_idle_worker_that_does_not_answer_a_ping(fleet: Harne
 
 @pytest.mark.parametrize("engine", ["sqlite"])
 def test_status_json_from_a_running_fleet_matches_the_schema(fleet: Harness) -> None:
-    config = fleet.configure({"work": WORK}, log_format="json")
+    config = fleet.configure({"work": {**WORK, "timeout": "60s"}}, log_format="json")
     sup = fleet.start()
     sup.wait_workers(fleet.store, "work", 2, "idle")
-    slow = [fleet.enqueue("sleep", {"seconds": 5}) for _ in range(3)]
+    for _ in range(3):  # two run, one waits (or is prefetched) while we look
+        fleet.enqueue("sleep", {"seconds": 10})
     sup.wait_workers(fleet.store, "work", 2, "busy")
     boom = fleet.enqueue("boom")
 
@@ -235,7 +236,7 @@ def test_status_json_from_a_running_fleet_matches_the_schema(fleet: Harness) -> 
     once = fleetd(config, "status", "--once")
     assert once.returncode == 0 and "work" in once.stdout and sup.node_id in once.stdout
 
-    fleet.wait_final([*slow, boom], timeout=30, watch=[sup])
+    fleet.wait_final([boom], timeout=60, watch=[sup])  # it runs once a sleep is over
     events = [json.loads(line) for line in sup.log().splitlines() if line.startswith("{")]
     failed = [e for e in events if e.get("event") == "job_failed" and e["job_id"] == boom]
     assert failed and failed[0]["error_kind"] == "exception" and failed[0]["pool"] == "work"
