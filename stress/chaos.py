@@ -80,6 +80,7 @@ FIX = "stress.fixtures:"
 LEASE = "3s"
 GRACE = 2.0
 NPROC_LIMIT = 48
+BOMB_WAIT = 8.0  # s a supervisor kill waits for a fork bomb to be running on its target
 POISON_DELIVERIES = 3
 NORMAL_DELIVERIES = 5
 DOWNSTREAM_SLOTS = 2
@@ -330,7 +331,7 @@ def write_config(folder: Path, url: str, s: Settings) -> Path:
 
 
 SUPERVISOR = [sys.executable, "-m", "supervisor", "start"]
-_TITLE = re.compile(r"fleetd: (\w+)#\d+ (?:job=(\d+)|idle)")
+_TITLE = re.compile(r"fleetd: (\w+)#\d+ (?:job=(\d+) (\S+)|idle)")
 
 
 def alive(proc: psutil.Process) -> bool:
@@ -398,8 +399,8 @@ class Node:
                 self.seen.setdefault(c.pid, c)
         return children
 
-    def workers(self) -> list[tuple[psutil.Process, str | None, int | None]]:
-        """Its worker processes now: (process, pool, job id or None when idle)."""
+    def workers(self) -> list[tuple[psutil.Process, str, int | None, str | None]]:
+        """Its worker processes now: (process, pool, job id and kind, or None when idle)."""
         if self.ps is None:
             return []
         out = []
@@ -414,7 +415,7 @@ class Node:
                 continue
             m = _TITLE.match(title)
             if m:
-                out.append((child, m[1], int(m[2]) if m[2] else None))
+                out.append((child, m[1], int(m[2]) if m[2] else None, m[3]))
         return out
 
     def signal(self, sig: int, how: str) -> None:
@@ -506,6 +507,7 @@ class Chaos:
         self.guests = 0
         self.kills: list[WorkerKill] = []
         self.orphans: dict[int, psutil.Process] = {}
+        self.orphans_late: dict[int, psutil.Process] = {}
         self.pending: list[Event] = []
         self.restarts: list[tuple[float, int]] = []  # (at, slot)
         self.draining: list[Node] = []
@@ -581,6 +583,13 @@ class Chaos:
             return self.kill_worker()
         if ev.what == "supervisor_kill":
             targets = [n for n in self.live("base") if n.up_for() > 2.0]
+            # the worst moment: while a fork bomb runs, whose processes PDEATHSIG does not
+            # reach (waited for up to BOMB_WAIT seconds, then any moment will do)
+            bombing = [n for n in targets if any(w[3] == "fork_bomb" for w in n.workers())]
+            if bombing:
+                targets = bombing
+            elif self.elapsed() - ev.at < BOMB_WAIT and self.bomb_uid is not None:
+                return False
             if not targets:
                 return False
             node = self.rng.choice(targets)
@@ -592,6 +601,7 @@ class Chaos:
             self.restarts.append((self.elapsed() + self.rng.uniform(0.5, 2.0), slot))
             self.note("supervisor_kill", node=node.name, pid=node.pid, held=len(node.run.held))
             self.pending.append(Event(self.elapsed() + 1.5, "orphans", before))
+            self.pending.append(Event(self.elapsed() + 6.0, "orphans_late", before))
             return True
         if ev.what in ("drain", "leave"):
             if ev.what == "leave":
@@ -612,11 +622,15 @@ class Chaos:
             stay = self.rng.uniform(0.08, 0.15) * self.s.duration
             self.pending.append(Event(self.elapsed() + max(stay, 6.0), "leave", guest))
             return True
-        if ev.what == "orphans":
+        if ev.what in ("orphans", "orphans_late"):
+            # a job's own processes outliving its SIGKILLed supervisor: 1.5 s after the kill,
+            # and 6 s after (once its replacement has booted and swept stale cgroups)
             left = [p for p in ev.target.values() if alive(p)]
-            self.orphans.update({p.pid: p for p in left})
+            (self.orphans if ev.what == "orphans" else self.orphans_late).update(
+                {p.pid: p for p in left}
+            )
             if left:
-                self.note("orphans", count=len(left))
+                self.note(ev.what, count=len(left))
             return True
         raise AssertionError(ev.what)
 
@@ -628,8 +642,8 @@ class Chaos:
             return False
         # a pool first, then one of its busy workers: at any instant most busy workers run
         # long poison jobs, and a kill should reach every kind of job
-        pool = self.rng.choice(sorted({w[1] for _, w in busy if w[1]}))
-        node, (proc, pool, job) = self.rng.choice([(n, w) for n, w in busy if w[1] == pool])
+        pool = self.rng.choice(sorted({w[1] for _, w in busy}))
+        node, (proc, pool, job, _) = self.rng.choice([(n, w) for n, w in busy if w[1] == pool])
         with contextlib.suppress(psutil.Error):
             at = time.time()  # before the signal: the supervisor may log the crash at once
             proc.send_signal(signal.SIGKILL)
@@ -830,6 +844,7 @@ class Chaos:
             log_problems=problems,
             leftovers=self.left,
             orphans_after_kill=len(self.orphans),
+            orphans_after_restart=len(self.orphans_late),
             bomb_procs_max=self.sampler.bomb_max if self.bomb_uid is not None else None,
             nproc_limit=NPROC_LIMIT if self.bomb_uid is not None else None,
             bomb_workers_max=POOLS["poison"][1]["max_workers"] * self.most_running,
