@@ -463,6 +463,22 @@ class Sampler(threading.Thread):
                 self.bomb_max = max(self.bomb_max, count_user(self.bomb_uid))
 
 
+def in_cgroup_of(supervisor: int) -> dict[int, psutil.Process]:
+    """Live processes in the memory cgroups of the supervisor with that pid (fleetd puts
+    each worker in ``.../fleetd-<supervisor pid>/<pool>-<slot>-<pid>``; the processes its job
+    starts are born there). Empty where fleetd runs without cgroups."""
+    mark = f"/fleetd-{supervisor}/"
+    found = {}
+    for proc in psutil.process_iter():
+        try:
+            with open(f"/proc/{proc.pid}/cgroup") as f:
+                if mark in f.read() and alive(proc):
+                    found[proc.pid] = proc
+        except OSError:
+            continue
+    return found
+
+
 def count_user(uid: int) -> int:
     n = 0
     for p in psutil.process_iter(["uids"]):
@@ -600,8 +616,8 @@ class Chaos:
             slot = next(k for k, v in self.slots.items() if v is node)
             self.restarts.append((self.elapsed() + self.rng.uniform(0.5, 2.0), slot))
             self.note("supervisor_kill", node=node.name, pid=node.pid, held=len(node.run.held))
-            self.pending.append(Event(self.elapsed() + 1.5, "orphans", before))
-            self.pending.append(Event(self.elapsed() + 6.0, "orphans_late", before))
+            self.pending.append(Event(self.elapsed() + 1.5, "orphans", (node.pid, before)))
+            self.pending.append(Event(self.elapsed() + 6.0, "orphans_late", (node.pid, before)))
             return True
         if ev.what in ("drain", "leave"):
             if ev.what == "leave":
@@ -625,10 +641,10 @@ class Chaos:
         if ev.what in ("orphans", "orphans_late"):
             # a job's own processes outliving its SIGKILLed supervisor: 1.5 s after the kill,
             # and 6 s after (once its replacement has booted and swept stale cgroups)
-            left = [p for p in ev.target.values() if alive(p)]
-            (self.orphans if ev.what == "orphans" else self.orphans_late).update(
-                {p.pid: p for p in left}
-            )
+            pid, before = ev.target
+            left = {p.pid: p for p in before.values() if alive(p)}
+            left.update(in_cgroup_of(pid))  # also those forked after the kill's snapshot
+            (self.orphans if ev.what == "orphans" else self.orphans_late).update(left)
             if left:
                 self.note(ev.what, count=len(left))
             return True
