@@ -140,9 +140,11 @@ class MemoryCgroups:
         return self.mechanism
 
     def remove_stale(self, parent: Path) -> list[Path]:
-        """Remove the empty ``fleetd-<pid>`` cgroups (and their empty worker cgroups) of
-        supervisors that are no longer running; return what was removed. A cgroup that still
-        holds processes is left alone and named in a warning."""
+        """Remove the ``fleetd-<pid>`` cgroups (and their worker cgroups) of supervisors that
+        are no longer running; return what was removed at once. Processes still in them are
+        what a SIGKILLed supervisor's jobs forked (PR_SET_PDEATHSIG reaches the worker only):
+        their jobs' leases are held by nobody and the jobs may already run elsewhere, so they
+        get SIGKILL, and their cgroups are removed by a later sweep."""
         removed: list[Path] = []
         try:
             entries = [e for e in parent.iterdir() if e.is_dir() and _OURS.fullmatch(e.name)]
@@ -157,14 +159,22 @@ class MemoryCgroups:
             for child in _subdirs(entry):
                 if _remove(child):
                     removed.append(child)
-                else:
-                    log.warning(
-                        "stale cgroup %s of a stopped fleetd still holds processes %s",
-                        child,
-                        " ".join(map(str, _procs(child))) or "(exiting)",
-                    )
+                    continue
+                leftovers = _procs(child)
+                for leftover in leftovers:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(leftover, signal.SIGKILL)
+                log.warning(
+                    "killed %d process(es) a stopped fleetd's job left in %s: %s",
+                    len(leftovers),
+                    child,
+                    " ".join(map(str, leftovers)) or "(exiting)",
+                )
+                self.pending[child] = 0.0  # removed once empty (the next sweeps)
             if _remove(entry):
                 removed.append(entry)
+            else:
+                self.pending[entry] = 0.0
         if removed:
             log.info("removed %d stale cgroup(s) of stopped supervisors", len(removed))
         return removed
