@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -81,39 +83,53 @@ def _fresh_pg(base: str) -> str:
     return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
-def _config(folder: Path, url: str, workers: int) -> Path:
+def write_fleet(folder: Path, url: str, pools: str) -> Path:
+    """A fleet.toml for a benchmark: the database, this tree on python_path, and ``pools``
+    (TOML text of the ``[pools.*]`` tables)."""
     path = folder / "fleet.toml"
     path.write_text(f"""
 [fleet]
 database = "{url}"
 python_path = ["{ROOT}"]
 grace_period = "5s"
-
-[pools.bench]
-handlers = {{ noop = "stress.fixtures:noop" }}
-min_workers = {workers}
-max_workers = {workers}
-memory_limit = false
-""")
+{pools}""")
     return path
 
 
+@contextmanager
+def running_supervisor(config: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``fleetd start`` as a subprocess for the block, its stderr to ``log_path``; SIGTERM
+    (a drain) at the end."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "start", "-c", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def _measure(folder: Path, url: str, args: argparse.Namespace) -> list[str]:
-    config = _config(folder, url, args.workers)
+    config = write_fleet(
+        folder,
+        url,
+        f"""
+[pools.bench]
+handlers = {{ noop = "stress.fixtures:noop" }}
+min_workers = {args.workers}
+max_workers = {args.workers}
+memory_limit = false
+""",
+    )
     with Client.from_config(config) as client:
         ids = client.enqueue_many([("noop", {}) for _ in range(args.jobs)])
-        with open(folder / "log", "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor", "start", "-c", str(config)],
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        try:
+        with running_supervisor(config, folder / "log") as proc:
             rate, cpu_per_job = _throughput(client, ids, psutil.Process(proc.pid))
             pickups, round_trips = _pickups(client, args.pickups)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
     q = (
         statistics.quantiles(pickups, n=100, method="inclusive")
         if len(pickups) > 1

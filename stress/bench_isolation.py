@@ -13,10 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from stress.bench_e2e import ROOT, _fresh_pg
+from stress.bench_e2e import _fresh_pg, running_supervisor, write_fleet
 from supervisor.client import Client
 from supervisor.model import JobState
 
@@ -41,50 +38,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=100, help="interactive jobs timed")
 
 
-def _config(folder: Path, url: str) -> Path:
-    path = folder / "fleet.toml"
-    path.write_text(f"""
-[fleet]
-database = "{url}"
-python_path = ["{ROOT}"]
-grace_period = "5s"
-
+POOLS = """
 [pools.bulk]
-handlers = {{ burn = "stress.fixtures:burn" }}
+handlers = { burn = "stress.fixtures:burn" }
 min_workers = 1
 max_workers = 1
 memory_limit = false
 
 [pools.interactive]
-handlers = {{ noop = "stress.fixtures:noop" }}
+handlers = { noop = "stress.fixtures:noop" }
 bound = "io"
 min_workers = 1
 max_workers = 1
 memory_limit = false
-""")
-    return path
+"""
 
 
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fleetd-iso-") as tmp:
         url = f"sqlite:///{tmp}/iso.db" if args.engine == "sqlite" else _fresh_pg(args.postgres_url)
-        config = _config(Path(tmp), url)
-        with Client.from_config(config) as client:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor", "start", "-c", str(config)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                time.sleep(2.0)  # boot
-                idle = _pickups(client, args.samples)
-                client.enqueue_many([("burn", {"ms": 5}) for _ in range(args.bulk)])
-                backlog = client.store.stats(["bulk"])["bulk"].ready
-                busy = _pickups(client, args.samples)
-                still = client.store.stats(["bulk"])["bulk"].ready
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=30)
+        config = write_fleet(Path(tmp), url, POOLS)
+        with (
+            Client.from_config(config) as client,
+            running_supervisor(config, Path(tmp) / "log"),
+        ):
+            time.sleep(2.0)  # boot
+            idle = _pickups(client, args.samples)
+            client.enqueue_many([("burn", {"ms": 5}) for _ in range(args.bulk)])
+            backlog = client.store.stats(["bulk"])["bulk"].ready
+            busy = _pickups(client, args.samples)
+            still = client.store.stats(["bulk"])["bulk"].ready
     _report(args, idle, busy, backlog, still)
     return 0
 
