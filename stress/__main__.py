@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",
     ),
+    "bench": ("stress.bench_peers", "fleetd against Celery, RQ, Dramatiq, procrastinate"),
     "chaos": (
         "stress.chaos",
         "faults on a seeded schedule against real supervisors; invariants checked",
