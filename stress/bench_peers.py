@@ -46,7 +46,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from stress.peers import PEERS, ROOT, Namespace, Peer, PeerSpec
+from stress.peers import PEERS, ROOT, WORKERS, Namespace, Peer, PeerSpec
 
 HELP = "fleetd against Celery, RQ, Dramatiq and procrastinate: throughput, pickup, faults"
 GUARD_BYTES = int(3.5 * 1024**3)  # a peer's processes together past this are SIGKILLed
@@ -65,7 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-jobs", type=int, default=400, help="CPU-bound jobs per run")
     parser.add_argument("--samples", type=int, default=200, help="idle pickups per peer")
     parser.add_argument("--repeat", type=int, default=3, help="throughput runs (median)")
-    parser.add_argument("--skip-faults", action="store_true")
+    parser.add_argument(
+        "--skip-faults", action="store_true", help="same as --parts noop,cpu,pickup"
+    )
+    parser.add_argument(
+        "--parts",
+        type=_part_list,
+        default=list(PARTS),
+        help=f"comma-separated, from {','.join(PARTS)} (default: all)",
+    )
     parser.add_argument("--fault-cap", type=float, default=20.0, help="seconds per fault")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -74,6 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+
+
+PARTS = ("noop", "cpu", "pickup", "faults")
+
+
+def _part_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in PARTS for n in names):
+        raise argparse.ArgumentTypeError(f"parts are {', '.join(PARTS)}")
+    return names
 
 
 def _peer_list(text: str) -> list[str]:
@@ -183,6 +201,20 @@ class Workers:
 
     def alive(self) -> bool:
         return any(m.poll() is None for m in self.mains)
+
+    def exits(self) -> str:
+        """The worker commands that have exited, with their codes ("" when none has): a
+        queue whose whole worker exits on a job's crash needs something to restart it."""
+        codes = [m.poll() for m in self.mains]
+        gone = [c for c in codes if c is not None]
+        if not gone:
+            return ""
+        which = (
+            "the worker command"
+            if len(codes) == 1
+            else f"{len(gone)} of {len(codes)} worker commands"
+        )
+        return f"{which} exited (code {', '.join(map(str, gone))})"
 
     def terminate(self) -> None:
         """SIGTERM to each main process, as a deploy (systemd's main PID, Kubernetes' PID 1)."""
@@ -383,15 +415,29 @@ def memory_bomb(run: Run, spec: PeerSpec) -> dict[str, str]:
         observe(watch, job, "bomb", run.args.fault_cap)
         runs = executions(watch.marks, "bomb")
         fate = watch.peer.fate(job).text
-        others = watch.others()
+        others = _join(watch.others(), watch.workers.exits())
+        afterwards = _process_after(runs[-1][0].pid) if runs else ""
     stopped = _bomb_stopped(runs[0]) if runs else "never started"
     if watch.guard_tripped:
         stopped += "; harness SIGKILLed the peer at 3.5 GiB"
     return {
         "stopped": stopped,
-        "fate": f"{fate}; ran {len(runs)}x in {run.args.fault_cap:.0f} s",
-        "others": f"{others}; peak RSS of the peer's processes {watch.peak_rss / 2**20:,.0f} MiB",
+        "fate": f"{fate}; ran {len(runs)}x; {afterwards}",
+        "others": others + f"; peak RSS of the peer's processes {watch.peak_rss / 2**20:,.0f} MiB",
     }
+
+
+def _process_after(pid: int) -> str:
+    """What became of the process that ran the bomb last: gone, or alive with its RSS."""
+    try:
+        rss = psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return "its process is gone"
+    return f"its process lives on, RSS {rss / 2**20:,.0f} MiB"
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def _bomb_stopped(execution: list[Mark]) -> str:
@@ -410,9 +456,10 @@ def hang(run: Run, spec: PeerSpec) -> dict[str, str]:
         observe(watch, job, "hang", run.args.fault_cap)
         runs = executions(watch.marks, "hang")
         fate = watch.peer.fate(job).text
-        others = watch.others()
+        others = _join(watch.others(), watch.workers.exits())
+        stopped = _beating_stopped(runs[0], time.time()) if runs else "never started"
     return {
-        "stopped": _beating_stopped(runs[0], time.time()) if runs else "never started",
+        "stopped": stopped,
         "fate": f"{fate}; ran {len(runs)}x in {run.args.fault_cap:.0f} s",
         "others": others,
     }
@@ -437,12 +484,12 @@ def crash(run: Run, spec: PeerSpec) -> dict[str, str]:
         observe(watch, job, "crash", run.args.fault_cap)
         runs = executions(watch.marks, "crash")
         fate = watch.peer.fate(job).text
-        alive = watch.workers.alive()
         others = watch.others()
+        exits = watch.workers.exits()
     return {
         "stopped": "(the job ended its own process)",
         "fate": f"{fate}; ran {len(runs)}x in {run.args.fault_cap:.0f} s",
-        "others": others + ("" if alive else "; the worker command itself exited"),
+        "others": _join(others, exits),
     }
 
 
@@ -458,16 +505,19 @@ def drain(run: Run, spec: PeerSpec) -> dict[str, str]:
             long_id = peer.enqueue("long", marker=peer.ns.marker, tag="long", seconds=30.0)
             _wait_mark(marks, "start", "long", 10)
             shorts = [f"s{i}" for i in range(6)]
-            for tag in shorts:
-                peer.enqueue("short", marker=peer.ns.marker, tag=tag, seconds=1.0)
-            _wait_mark(marks, "start", "s0", 10)
+            short_ids = [
+                peer.enqueue("short", marker=peer.ns.marker, tag=tag, seconds=1.0) for tag in shorts
+            ]
+            # any of them: a peer that prefetches may hold s0 behind the long job
+            if not wait_for(lambda: any(marks.has("start", t) for t in shorts), 10):
+                raise RuntimeError("no 1 s job started within 10 s")
             time.sleep(0.3)
             t_sig = time.time()
             w.terminate()
-            exited = wait_for(lambda: marks.count() >= 0 and not w.alive(), cap, 0.05)
+            exited = wait_for(lambda: not w.alive(), cap, 0.05)
             exit_s = time.time() - t_sig
         marks.poll()
-        stopped = _drain_stopped(executions(marks, "long")[0], t_sig, exited)
+        stopped = _drain_stopped(executions(marks, "long")[0], t_sig, exited, cap)
         during = _shorts_during(marks, shorts, t_sig)
         before_restart = peer.fate(long_id).text
         with running(peer, peer.ns.folder / "restart.log"):
@@ -476,6 +526,12 @@ def drain(run: Run, spec: PeerSpec) -> dict[str, str]:
             after = peer.fate(long_id).text
         again = len(executions(marks, "long")) > 1
         done = sum(1 for t in shorts if marks.of("end", t))
+        missing = [
+            (t, peer.fate(i).text)
+            for t, i in zip(shorts, short_ids, strict=True)
+            if not marks.of("end", t)
+        ]
+    stuck = f" (not done: {', '.join(f'{t} {f}' for t, f in missing)})" if missing else ""
     return {
         "stopped": stopped,
         "exit": f"{exit_s:.1f} s" if exited else f"not within {cap:.0f} s: SIGKILLed",
@@ -483,7 +539,7 @@ def drain(run: Run, spec: PeerSpec) -> dict[str, str]:
             f"after exit: {before_restart}; after a restart: "
             + ("ran again" if again else f"not run again ({after})")
         ),
-        "others": f"{during}; {done}/{len(shorts)} 1 s jobs done after the restart",
+        "others": f"{during}; {done}/{len(shorts)} 1 s jobs done after the restart{stuck}",
     }
 
 
@@ -492,18 +548,18 @@ def _wait_mark(marks: Marks, event: str, tag: str, timeout: float) -> None:
         raise RuntimeError(f"no '{event} {tag}' mark within {timeout:.0f} s")
 
 
-def _drain_stopped(execution: list[Mark], t_sig: float, exited: bool) -> str:
+def _drain_stopped(execution: list[Mark], t_sig: float, exited: bool, cap: float) -> str:
+    """Whether the drain stopped the long job, from its marks: it ran to its end, ran on until
+    the harness's SIGKILL at the cap, or stopped earlier (by an exception or a kill)."""
     last = execution[-1]
-    exits = [m.tag.split(":", 1)[1] for m in execution if m.event == "exit"]
+    after = last.t - t_sig
     if any(m.event == "end" for m in execution):
-        return f"no: finished {last.t - t_sig:.1f} s after SIGTERM"
-    if not exited or last.t - t_sig > 0:
-        after = last.t - t_sig
-        if exits or exited:
-            how = f"{exits[0]} raised" if exits else "killed"
-            return f"yes, {after:.1f} s after SIGTERM ({how})"
-        return f"no: still running until the harness's SIGKILL ({after:.1f} s)"
-    return "yes, at SIGTERM"
+        return f"no: finished {after:.1f} s after SIGTERM"
+    if not exited and cap - after < 1.0:
+        return "no: ran on until the harness's SIGKILL"
+    exits = [m.tag.split(":", 1)[1] for m in execution if m.event == "exit"]
+    how = f"{exits[0]} raised" if exits else "killed"
+    return f"yes, {after:.1f} s after SIGTERM ({how})"
 
 
 def _shorts_during(marks: Marks, shorts: list[str], t_sig: float) -> str:
@@ -539,17 +595,23 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="fleetd-bench-") as tmp:
         folder = Path(tmp)
         bench = Run(args, folder)
+        parts = [p for p in args.parts if not (args.skip_faults and p == "faults")]
         results["loops"] = loops = calibrate()
-        results["throughput"] = rates(bench, present, "noop", args.jobs, {})
-        results["cpu"] = rates(bench, present, "burn", args.cpu_jobs, {"loops": loops})
-        results["pickup"] = {s.name: _guarded(pickups, bench, s, args.samples) for s in present}
-        results["faults"] = {} if args.skip_faults else faults(bench, present)
+        results["throughput"] = rates(bench, present, "noop", args.jobs, {}, "noop" in parts)
+        results["cpu"] = rates(
+            bench, present, "burn", args.cpu_jobs, {"loops": loops}, "cpu" in parts
+        )
+        results["pickup"] = {
+            s.name: _guarded(pickups, bench, s, args.samples) for s in present if "pickup" in parts
+        }
+        results["faults"] = faults(bench, present) if "faults" in parts else {}
         if args.keep:
             keep = Path(tempfile.mkdtemp(prefix="fleetd-bench-kept-"))
             subprocess.run(["cp", "-a", f"{tmp}/.", str(keep)], check=False)
             console.print(f"work folder kept in {keep}")
     results["machine"]["load_after"] = os.getloadavg()
-    console.print(summary_table(args.peers, versions, results))
+    if set(parts) - {"faults"}:
+        console.print(summary_table(args.peers, versions, results))
     if results["faults"]:
         console.print(fault_table(results["faults"]))
     if args.json:
@@ -559,9 +621,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def rates(
-    bench: Run, present: list[PeerSpec], task: str, n: int, extra: dict[str, Any]
+    bench: Run, present: list[PeerSpec], task: str, n: int, extra: dict[str, Any], wanted: bool
 ) -> dict[str, list[float] | str]:
     """``--repeat`` rounds; within a round every peer once, so load drift hits them alike."""
+    if not wanted:
+        return {}
     out: dict[str, list[float] | str] = {s.name: [] for s in present}
     for r in range(bench.args.repeat):
         for spec in present:
@@ -664,7 +728,7 @@ def summary_table(
 ) -> Table:
     """One row per peer; ratios are fleetd (SQLite) ÷ the peer (throughput above 1 and
     latency below 1 favour fleetd)."""
-    table = Table(title=f"{2} workers each · ratios: fleetd (SQLite) ÷ peer")
+    table = Table(title=f"{WORKERS} worker processes each · ratios: fleetd (SQLite) ÷ peer")
     for col in (
         "queue",
         "version",

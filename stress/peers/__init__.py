@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -196,3 +197,13 @@ def drop_redis_keys(url: str, prefix: str) -> None:
             client.delete(*batch[i : i + 500])
     finally:
         client.close()
+
+
+def short_error(text: str, width: int = 60) -> str:
+    """An error line for a table cell: the exception's class without its module, the
+    message cut to ``width``."""
+    match = re.match(r"^([\w.]+): (.*)$", text.strip(), re.S)
+    if match:
+        text = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2)}"
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -113,5 +113,7 @@ def _task_id(raw: bytes) -> str:
 
 
 def _short(exc: Any) -> str:
+    from stress.peers import short_error
+
     text = f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(exc)
-    return text if len(text) <= 70 else text[:67] + "..."
+    return short_error(text)

@@ -16,7 +16,7 @@ import redis
 from rq import Queue
 from rq.job import Job
 
-from stress.peers import WORKERS, Fate, Peer, bin_path
+from stress.peers import WORKERS, Fate, Peer, bin_path, short_error
 
 
 class RqPeer(Peer):
@@ -81,5 +81,4 @@ def _last_line(job: Job) -> str:
         text = ""
     text = text or (job.exc_info or "")
     lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else "no error recorded"
-    return last if len(last) <= 70 else last[:67] + "..."
+    return short_error(lines[-1]) if lines else "no error recorded"
