@@ -18,6 +18,8 @@ What it does:
    supervisor, found with psutil; the process title names the job), SIGKILLs a supervisor and
    restarts it under a new node id, drains one with SIGTERM and starts its replacement once it
    exited (a rolling deploy), and lets an extra supervisor join and later leave (SIGTERM).
+   With ``--allow-db-restart`` (PostgreSQL on this host only) it also restarts the database
+   server (``stress/chaos_db.py``) and waits until it accepts connections again.
 4. When every job is done or dead (or at ``--duration`` plus a tail), stops everything and
    checks (``stress/chaos_checks.py`` says how each fault is told apart from a bug): nothing
    lost; exactly the poison jobs dead, each of its expected error kind after max_deliveries;
@@ -33,6 +35,7 @@ Examples::
     python -m stress chaos --short                         # ~45 s, SQLite
     python -m stress chaos --short --database postgres     # a fresh schema, dropped after
     python -m stress chaos --jobs 20000 --duration 900     # the long run
+    python -m stress chaos --short --database postgres --allow-db-restart
 """
 
 from __future__ import annotations
@@ -52,19 +55,22 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from stress import chaos_db
 from stress.chaos_checks import (
+    DbRestart,
     Evidence,
+    LeaseEvent,
     LoggedFailure,
     NodeRun,
     PlannedJob,
@@ -74,6 +80,7 @@ from stress.chaos_checks import (
 )
 from supervisor.model import JobState
 
+T = TypeVar("T")
 HELP = "faults on a seeded schedule against real supervisors; invariants checked at the end"
 ROOT = Path(__file__).resolve().parents[1]
 FIX = "stress.fixtures:"
@@ -81,9 +88,11 @@ LEASE = "3s"
 GRACE = 2.0
 NPROC_LIMIT = 48
 BOMB_WAIT = 30.0  # s a supervisor kill waits for a fork bomb to be running on its target
+BOOT_WAIT = 30.0  # s the final stop waits for supervisors still booting
 POISON_DELIVERIES = 3
 NORMAL_DELIVERIES = 5
 DOWNSTREAM_SLOTS = 2
+RETRY_FOR = 30.0  # s the harness retries its own store calls while the store is unavailable
 
 # pool -> (handlers: kind -> fixture, keys)
 POOLS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
@@ -181,6 +190,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drains", type=int, help="rolling-deploy drains (default 12)")
     parser.add_argument("--joins", type=int, help="extra supervisors joining, then leaving")
     parser.add_argument(
+        "--allow-db-restart",
+        action="store_true",
+        help="also restart the PostgreSQL server (local only, pg_ctlcluster; needs "
+        "--database postgres or a postgresql:// URL)",
+    )
+    parser.add_argument(
+        "--db-restarts",
+        type=int,
+        help="with --allow-db-restart: server restarts (default max(2, duration/300); --short 1)",
+    )
+    parser.add_argument(
         "--poison-share", type=float, help="share of poison jobs (default 0.015; --short 0.08)"
     )
     parser.add_argument("--bomb-user", default="nobody", help="the poison pool's user (root only)")
@@ -204,6 +224,7 @@ class Settings:
     supervisor_kills: int
     drains: int
     joins: int
+    db_restarts: int
     poison_share: float
     bomb_user: str | None
     database: str
@@ -227,6 +248,11 @@ class Settings:
             supervisor_kills=pick(args.supervisor_kills, 1, 6),
             drains=pick(args.drains, 1, 12),
             joins=pick(args.joins, 1, 3),
+            db_restarts=(
+                pick(args.db_restarts, 1, max(2, round(duration / 300)))
+                if args.allow_db_restart
+                else 0
+            ),
             poison_share=args.poison_share or (0.08 if short else 0.015),
             bomb_user=bomb_user,
             database=args.database,
@@ -355,6 +381,7 @@ class Node:
         self.lock = threading.Lock()
         self.run: NodeRun | None = None
         self.started_mono = 0.0
+        self.is_booted = False
 
     def start(self) -> Node:
         # the supervisors run the code of the tree this harness runs from (a worktree pinned
@@ -385,6 +412,14 @@ class Node:
 
     def up_for(self) -> float:
         return time.monotonic() - self.started_mono
+
+    def booted(self) -> bool:
+        """Its log says it started (it reached the database, registered, forked)."""
+        if not self.is_booted:
+            line = f"fleetd supervisor {self.name} started".encode()
+            with contextlib.suppress(FileNotFoundError), open(self.log_path, "rb") as f:
+                self.is_booted = line in f.read(1 << 16)  # among its first lines
+        return self.is_booted
 
     def track(self) -> list[psutil.Process]:
         """Record the descendants now; return them."""
@@ -499,8 +534,16 @@ class Event:
 
 
 class Chaos:
-    def __init__(self, s: Settings, folder: Path, url: str, console: Console) -> None:
+    def __init__(
+        self,
+        s: Settings,
+        folder: Path,
+        url: str,
+        console: Console,
+        cluster: chaos_db.Cluster | None = None,
+    ) -> None:
         self.s = s
+        self.cluster = cluster  # the PostgreSQL server the db_restart fault restarts
         self.folder = folder
         self.url = url
         self.console = console
@@ -534,6 +577,7 @@ class Chaos:
         self.left: list[str] = []
         self.most_running = 0
         self.skipped: Counter[str] = Counter()
+        self.db_restarts: list[DbRestart] = []
         self.t0 = 0.0
 
     # -- bookkeeping --
@@ -586,17 +630,20 @@ class Chaos:
             ("supervisor_kill", self.s.supervisor_kills),
             ("drain", self.s.drains),
             ("join", self.s.joins),
+            ("db_restart", self.s.db_restarts if self.cluster else 0),
         ):
             self.pending += [Event(t, what) for t in times(n)]
         self.pending.sort()
 
     def fault(self, ev: Event, store: Any) -> bool:
         """Try to inject one fault; False: not possible now, try again later."""
-        supervisor_level = ev.what in ("supervisor_kill", "drain", "join")
+        supervisor_level = ev.what in ("supervisor_kill", "drain", "join", "db_restart")
         if supervisor_level and (self.restarts or self.draining):
             return False  # one supervisor-level change at a time
         if ev.what == "worker_kill":
             return self.kill_worker()
+        if ev.what == "db_restart":
+            return self.restart_database(store)
         if ev.what == "supervisor_kill":
             targets = [n for n in self.live("base") if n.up_for() > 2.0]
             # the worst moment: while a fork bomb runs, whose processes PDEATHSIG does not
@@ -620,10 +667,14 @@ class Chaos:
             self.pending.append(Event(self.elapsed() + 6.0, "orphans_late", (node.pid, before)))
             return True
         if ev.what in ("drain", "leave"):
+            # a SIGTERM before the supervisor's handlers are in place ends it with -15: wait
+            # for its boot (which took over 4 s on a loaded machine)
             if ev.what == "leave":
                 node = ev.target
+                if node.running() and not node.booted():
+                    return False
             else:
-                targets = [n for n in self.live("base") if n.up_for() > 3.0]
+                targets = [n for n in self.live("base") if n.up_for() > 3.0 and n.booted()]
                 if not targets:
                     return False
                 node = self.rng.choice(targets)
@@ -665,6 +716,21 @@ class Chaos:
             proc.send_signal(signal.SIGKILL)
             self.kills.append(WorkerKill(at, node.name, proc.pid, pool, job))
             self.note("worker_kill", node=node.name, pid=proc.pid, pool=pool, job=job)
+        return True
+
+    def restart_database(self, store: Any) -> bool:
+        """Restart the PostgreSQL server once every live supervisor has booted (one that
+        cannot reach the database at start exits: a deploy's problem, not the one tested
+        here). The harness's own calls retry past the dead connections (``_retried``)."""
+        live = self.live()
+        if not live or not all(n.booted() for n in live):
+            return False
+        assert self.cluster is not None
+        self.note("db_restart", version=self.cluster.version, live=len(live))
+        outage = chaos_db.restart(self.cluster)
+        self.db_restarts.append(outage)
+        down = outage.down_to - outage.down_from if outage.down_to and outage.down_from else 0
+        self.note("db_ready", took=round(outage.ready - outage.began, 2), down=round(down, 2))
         return True
 
     def follow_up(self, store: Any) -> None:
@@ -720,6 +786,8 @@ class Chaos:
             try:
                 self.loop(store, client, items, config)
             finally:
+                if self.cluster is not None and not chaos_db.ensure_running(self.cluster):
+                    self.note("db_down", version=self.cluster.version)
                 self.stop_all()
             return self.collect(store, config)
         finally:
@@ -739,9 +807,8 @@ class Chaos:
                 due = len(items) if now >= feed_until else int(len(items) * now / feed_until)
                 if due > fed:
                     batch = items[fed:due]
-                    ids = client.enqueue_many(
-                        [{"kind": i.kind, "payload": i.payload} for i in batch]
-                    )
+                    jobs = [{"kind": i.kind, "payload": i.payload} for i in batch]
+                    ids = _retried(client.enqueue_many, jobs)
                     for job_id, item in zip(ids, batch, strict=True):
                         self.plan[job_id] = PlannedJob(item.kind, item.pool, item.expect)
                     fed = due
@@ -779,7 +846,9 @@ class Chaos:
             f"fed {fed} final {final} queued {queued} leased {leased} | "
             f"worker kills {len(self.kills)} sup kills {sum(r.how == 'kill' for r in runs)} "
             f"drains {sum(r.how == 'drain' for r in runs)} "
-            f"leaves {sum(r.how == 'leave' for r in runs)} | live {len(self.live())}"
+            f"leaves {sum(r.how == 'leave' for r in runs)} "
+            + (f"db restarts {len(self.db_restarts)} " if self.cluster else "")
+            + f"| live {len(self.live())}"
         )
 
     @contextlib.contextmanager
@@ -798,6 +867,11 @@ class Chaos:
     def stop_all(self) -> None:
         """SIGTERM every live supervisor (a normal stop), SIGKILL any that hangs; then wait for
         every process any of them ever had, and kill what is left (recorded)."""
+        booting = time.monotonic() + BOOT_WAIT
+        while time.monotonic() < booting and any(
+            n.running() and not n.booted() for n in self.nodes
+        ):
+            time.sleep(0.1)  # a replacement started in the last seconds: SIGTERM after boot
         for node in self.nodes:
             if node.running() and node.run and node.run.how is None:
                 node.signal(signal.SIGTERM, "stop")
@@ -840,24 +914,20 @@ class Chaos:
     def collect(self, store: Any, config: Any) -> Report:
         jobs = {j.id: j for j in _all_jobs(store, None)}
         executions, torn = read_executions(self.exec_log)
-        failures, lost, problems = [], [], []
-        for node in self.nodes:
-            f, lo, pr = read_log(node.name, node.log_path)
-            failures += f
-            lost += lo
-            problems += pr
+        logs = [read_log(node.name, node.log_path) for node in self.nodes]
         ev = Evidence(
             plan=self.plan,
             jobs=jobs,
             executions=executions,
             nodes=[n.run for n in self.nodes if n.run],
             kills=self.kills,
-            failures=failures,
+            failures=[f for log in logs for f in log.failures],
             max_deliveries={p.name: p.max_deliveries for p in config.pools.values()},
             caps={"call": DOWNSTREAM_SLOTS},
             torn_lines=torn,
-            lost_leases=lost,
-            log_problems=problems,
+            lost_leases=[e for log in logs for e in log.lost],
+            expired_leases=[e for log in logs for e in log.expired],
+            log_problems=[p for log in logs for p in log.problems],
             leftovers=self.left,
             orphans_after_kill=len(self.orphans),
             orphans_after_restart=len(self.orphans_late),
@@ -865,6 +935,7 @@ class Chaos:
             nproc_limit=NPROC_LIMIT if self.bomb_uid is not None else None,
             bomb_workers_max=POOLS["poison"][1]["max_workers"] * self.most_running,
             timed_out=self.timed_out,
+            db_restarts=self.db_restarts,
         )
         with open(self.folder / "nodes.json", "w") as f:
             json.dump([asdict(n) for n in ev.nodes], f, indent=1)
@@ -878,11 +949,32 @@ def _all_jobs(store: Any, state: Any, limit: int | None = None) -> list[Any]:
     out: list[Any] = []
     after = 0
     while True:
-        page = store.list_jobs(state=state, limit=1000, after_id=after)
+        page = _retried(store.list_jobs, state=state, limit=1000, after_id=after)
         out += page
         if len(page) < 1000 or (limit is not None and len(out) >= limit):
             return out
         after = page[-1].id
+
+
+def _retried(call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)``, repeated while the store is unavailable, for up to
+    ``RETRY_FOR`` seconds: after a server restart the connections pooled before it fail one
+    by one.
+
+    Safe for the harness's reads, and for its enqueues: the harness restarts the server only
+    between two of its own calls, so an enqueue fails on a dead connection before anything
+    was sent, never between its commit and the reply. (Were a commit ever lost that way, the
+    retry would add rows the run did not plan: the "unexpected rows" check.)"""
+    from supervisor.errors import StoreUnavailable
+
+    deadline = time.monotonic() + RETRY_FOR
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def read_executions(path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -901,16 +993,25 @@ def read_executions(path: Path) -> tuple[list[dict[str, Any]], int]:
 _LOST = re.compile(r"^job (\d+): its lease")
 
 
-def read_log(node: str, path: Path) -> tuple[list[LoggedFailure], list[tuple[str, int]], list[str]]:
-    """A supervisor's JSON log: its failed deliveries, its lost leases, and its problems
-    (tracebacks, lines that are not JSON)."""
-    failures: list[LoggedFailure] = []
-    lost: list[tuple[str, int]] = []
-    problems: list[str] = []
+@dataclass(slots=True)
+class NodeLog:
+    """What one supervisor's JSON log says: its failed deliveries, the leases it lost while
+    running their jobs, the expired leases its reaper found, and its problems (tracebacks,
+    lines that are not JSON)."""
+
+    failures: list[LoggedFailure] = field(default_factory=list)
+    lost: list[LeaseEvent] = field(default_factory=list)
+    expired: list[LeaseEvent] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def read_log(node: str, path: Path) -> NodeLog:
+    """A supervisor's JSON log (see ``NodeLog``)."""
+    out = NodeLog()
     try:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
-        return failures, lost, problems
+        return out
     stray = 0
     for line in text.splitlines():
         try:
@@ -918,30 +1019,36 @@ def read_log(node: str, path: Path) -> tuple[list[LoggedFailure], list[tuple[str
         except json.JSONDecodeError:
             stray += 1
             if "Traceback" in line:
-                problems.append(f"{node}: a traceback in its log ({path.name})")
+                out.problems.append(f"{node}: a traceback in its log ({path.name})")
             continue
-        if not isinstance(rec, dict):
-            continue
-        if rec.get("exc"):
-            problems.append(f"{node}: {rec.get('msg', '')[:200]} (traceback in {path.name})")
-        if rec.get("event") == "job_failed":
-            ts = datetime.fromisoformat(rec["ts"].replace("Z", "+00:00")).timestamp()
-            failures.append(
-                LoggedFailure(
-                    ts,
-                    node,
-                    int(rec["job_id"]),
-                    int(rec.get("attempt") or 0),
-                    str(rec.get("error_kind")),
-                    str(rec.get("msg", "")),
-                )
-            )
-        m = _LOST.match(str(rec.get("msg", "")))
-        if m:
-            lost.append((node, int(m[1])))
+        if isinstance(rec, dict):
+            _read_record(out, node, rec, path.name)
     if stray:
-        problems.append(f"{node}: {stray} line(s) of its log are not JSON ({path.name})")
-    return failures, lost, problems
+        out.problems.append(f"{node}: {stray} line(s) of its log are not JSON ({path.name})")
+    return out
+
+
+def _read_record(out: NodeLog, node: str, rec: dict[str, Any], name: str) -> None:
+    if rec.get("exc"):
+        out.problems.append(f"{node}: {rec.get('msg', '')[:200]} (traceback in {name})")
+    ts = datetime.fromisoformat(str(rec.get("ts", "1970-01-01T00:00:00Z"))).timestamp()
+    event = rec.get("event")
+    if event == "job_failed":
+        out.failures.append(
+            LoggedFailure(
+                ts,
+                node,
+                int(rec["job_id"]),
+                int(rec.get("attempt") or 0),
+                str(rec.get("error_kind")),
+                str(rec.get("msg", "")),
+            )
+        )
+    elif event in ("job_lease_expired", "job_dead") and rec.get("error_kind") == "lease_expired":
+        out.expired.append(LeaseEvent(ts, node, int(rec["job_id"])))
+    m = _LOST.match(str(rec.get("msg", "")))
+    if m:
+        out.lost.append(LeaseEvent(ts, node, int(m[1])))
 
 
 # ---- databases --------------------------------------------------------------------------
@@ -993,6 +1100,15 @@ def render(report: Report, console: Console, title: str) -> None:
         console.print("[bold green]every invariant held[/]")
 
 
+def restartable(args: argparse.Namespace, etc: Path = chaos_db.ETC) -> chaos_db.Cluster | None:
+    """The PostgreSQL cluster ``--allow-db-restart`` restarts (None without the flag);
+    ``NotRestartable`` when this run's database is not one the harness can restart."""
+    if not args.allow_db_restart:
+        return None
+    url = {"sqlite": "sqlite://", "postgres": args.postgres_url}.get(args.database, args.database)
+    return chaos_db.cluster_for(url, etc)
+
+
 def _reachable(folder: Path) -> bool:
     """Every parent of ``folder`` lets other users through (o+x)."""
     return all(p.stat().st_mode & 0o001 for p in folder.resolve().parents)
@@ -1011,6 +1127,14 @@ def run(args: argparse.Namespace) -> int:
     s = Settings.from_args(args)
     if s.jobs < 20 or s.duration < 10:
         console.print("chaos: --jobs must be at least 20 and --duration at least 10 s")
+        return 2
+    try:
+        cluster = restartable(args)
+    except chaos_db.NotRestartable as exc:
+        print(f"chaos: --allow-db-restart: {exc}", file=sys.stderr)
+        return 2
+    if args.db_restarts is not None and (cluster is None or args.db_restarts < 0):
+        print("chaos: --db-restarts takes a count >= 0, with --allow-db-restart", file=sys.stderr)
         return 2
     own_folder = args.folder is None
     folder = Path(tempfile.mkdtemp(prefix="fleetd-chaos-")) if own_folder else args.folder
@@ -1032,12 +1156,15 @@ def run(args: argparse.Namespace) -> int:
         )
         if not s.bomb_user:
             console.print("chaos: not root: no fork bomb (a pool's user needs root)")
-        chaos = Chaos(s, folder, url, console)
+        chaos = Chaos(s, folder, url, console, cluster)
         try:
             report = chaos.run()
         except KeyboardInterrupt:
             console.print(f"chaos: interrupted; every supervisor stopped; folder {folder}")
             return 130
+        except chaos_db.RestartFailed as exc:
+            console.print(f"chaos: database restart failed: {exc}; run stopped; folder {folder}")
+            return 1
     wall = time.time() - started
     report.figures = {
         "run": {

@@ -22,10 +22,19 @@ What a fault may legitimately cause, and how it is told apart from a bug:
   killed between the handler's return and the ack, or a drain killed it at the end of its grace
   period) runs again: a duplicate. Explained when that execution's worker was killed by the
   harness, its supervisor was SIGKILLed, or its supervisor was draining when it ended.
+- A restart of the PostgreSQL server (``--allow-db-restart``) ends every connection: the
+  supervisors retry with backoff and keep their leases when the outage is shorter than the
+  lease. If it is not (or a claim committed but its reply was lost), a lease runs out under a
+  live supervisor: it kills the worker ("its lease ran out while the database was
+  unreachable") and a reaper requeues or dead-letters the job as ``lease_expired``; a result
+  held in the outbox past the lease is refused, and the job runs again. Each of these is
+  explained only when it was logged (the lost lease, the reaper's expiry) or ended (the
+  execution) between the start of a restart and ``OUTAGE_REACH`` seconds after the server
+  accepted connections again; the explained ones are counted in the "database" section.
 
 A poison job dead of a harness fault on its last delivery (``crashed`` by a worker kill, or
-``lease_expired`` after a supervisor kill) has still reached ``max_deliveries``: it is counted
-as an explained variation, not as a violation.
+``lease_expired`` after a supervisor kill or around a database restart) has still reached
+``max_deliveries``: it is counted as an explained variation, not as a violation.
 """
 
 from __future__ import annotations
@@ -42,6 +51,9 @@ from supervisor.model import Job, JobState
 KILL_WINDOW = 3.0  # s between a harness worker kill and the supervisor's failure line for it
 END_SLACK = 0.5  # s of clock slack when comparing a handler's end with a harness event
 NOT_BY_FLEETD = "not by fleetd"
+# s after a database restart that its effects may still be logged: a lease (3 s) running out
+# while the supervisor backs off between store calls (at most 5 s), plus slack
+OUTAGE_REACH = 10.0
 _EXPIRED_BY = re.compile(r"the lease held by node (\S+) expired")
 
 
@@ -85,6 +97,30 @@ class WorkerKill:
 
 
 @dataclass(frozen=True, slots=True)
+class DbRestart:
+    """A restart of the PostgreSQL server by the harness: ``began`` when it ran
+    ``pg_ctlcluster restart``, ``ready`` when ``pg_isready`` said the server accepts
+    connections after the command returned; ``down_from`` and ``down_to``: the first and the
+    last time ``pg_isready``, polled while the command ran, found it refusing (None if never)."""
+
+    began: float
+    ready: float
+    down_from: float | None = None
+    down_to: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseEvent:
+    """A supervisor's log line about one job's lease: lost while it ran the job (its worker
+    killed), or found expired by its reaper (``job_lease_expired``, or ``job_dead`` of
+    ``lease_expired``)."""
+
+    t: float
+    node: str
+    job: int
+
+
+@dataclass(frozen=True, slots=True)
 class LoggedFailure:
     """One ``job_failed`` line of a supervisor's JSON log."""
 
@@ -107,7 +143,8 @@ class Evidence:
     max_deliveries: dict[str, int]  # pool -> max_deliveries
     caps: dict[str, int] = field(default_factory=dict)  # kind -> its pool's max_inflight
     torn_lines: int = 0
-    lost_leases: list[tuple[str, int]] = field(default_factory=list)  # (node, job) from logs
+    lost_leases: list[LeaseEvent] = field(default_factory=list)
+    expired_leases: list[LeaseEvent] = field(default_factory=list)  # the reapers' lines
     log_problems: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     orphans_after_kill: int = 0  # a job's processes alive 1.5 s after its supervisor's SIGKILL
@@ -116,6 +153,7 @@ class Evidence:
     nproc_limit: int | None = None
     bomb_workers_max: int = 0  # workers of the bomb user's pool, all supervisors together
     timed_out: bool = False
+    db_restarts: list[DbRestart] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -149,7 +187,8 @@ def check(ev: Evidence) -> Report:
     _normal(ev, ctx, report)
     _duplicates(ev, ctx, report)
     _drains(ev, ctx, report)
-    _silent(ev, report)
+    _outages(ev, ctx, report)
+    _silent(ev, ctx, report)
     _caps(ev, report)
     _processes(ev, report)
     return report
@@ -177,6 +216,23 @@ class _Context:
         self.matched_kills: set[int] = set()  # pids of harness kills a failure was matched to
         for f in ev.failures:
             self.harness_kill_for(f)
+        self.restarts = ev.db_restarts
+        self.expired_at: dict[int, float] = {}  # job -> when a reaper last found it expired
+        for e in ev.expired_leases:
+            self.expired_at[e.job] = max(e.t, self.expired_at.get(e.job, e.t))
+        self.restart_expired: set[int] = set()  # jobs whose expiry a restart explained
+
+    def near_restart(self, t: float) -> bool:
+        """``t`` falls from the start of a database restart to OUTAGE_REACH after its end."""
+        return any(r.began - END_SLACK <= t <= r.ready + OUTAGE_REACH for r in self.restarts)
+
+    def expired_near_restart(self, job: Job) -> bool:
+        """The job's lease expiry (its last error) was found by a reaper near a restart."""
+        t = self.expired_at.get(job.id)
+        if t is None or not self.near_restart(t):
+            return False
+        self.restart_expired.add(job.id)
+        return True
 
     def harness_kill_for(self, f: LoggedFailure) -> WorkerKill | None:
         """The harness worker kill that explains a ``crashed`` failure, if any: on the same
@@ -280,7 +336,9 @@ def _last_delivery_fault(job: Job, ctx: _Context) -> str | None:
     """Why a dead job's error kind is a harness fault on its last delivery, or None."""
     node = ctx.expired_under(job)
     if node is not None:
-        return "lease_expired (supervisor SIGKILLed)" if node in ctx.killed_nodes else None
+        if node in ctx.killed_nodes:
+            return "lease_expired (supervisor SIGKILLed)"
+        return "lease_expired (database restart)" if ctx.expired_near_restart(job) else None
     if str(job.error_kind) == "crashed":
         last = [f for f in ctx.failures_by_job.get(job.id, ()) if f.attempt == job.attempts]
         if any(ctx.harness_kill_for(f) for f in last):
@@ -316,7 +374,7 @@ def _normal(ev: Evidence, ctx: _Context, report: Report) -> None:
                 )
     for job in done:
         node = ctx.expired_under(job)
-        if node is not None and node not in ctx.killed_nodes:
+        if node is not None and node not in ctx.killed_nodes and not ctx.expired_near_restart(job):
             report.fail(
                 f"normal job {job.id}: a lease expired under {node}, which was not SIGKILLed"
                 f" ({job.last_error})"
@@ -338,11 +396,13 @@ def _normal(ev: Evidence, ctx: _Context, report: Report) -> None:
     _latency(done, normal, report)
 
 
-def _silent(ev: Evidence, report: Report) -> None:
+def _silent(ev: Evidence, ctx: _Context, report: Report) -> None:
     """Deliveries that ended with no outcome: ``attempts`` counted them, no supervisor logged a
     failure, and no ack or release gave them back. Only an expired lease does that, and leases
-    may only expire under a SIGKILLed supervisor (the jobs it held at the kill) or after a
-    live one lost a lease (itself a violation). So their number is bounded by those."""
+    may only expire under a SIGKILLed supervisor (the jobs it held at the kill), after a
+    live one lost a lease (itself a violation unless near a database restart), or around a
+    database restart (the reapers' expiries logged then). So their number is bounded by
+    those."""
     silent = 0
     counts = Counter(f.job for f in ev.failures)
     for job_id in ev.plan:
@@ -352,11 +412,13 @@ def _silent(ev: Evidence, report: Report) -> None:
         ended = job.attempts - (1 if job.state == JobState.DONE else 0)
         silent += max(0, ended - counts.get(job_id, 0))
     held = sum(len(n.held) for n in ev.nodes if n.how == "kill")
+    near = sum(1 for e in ev.expired_leases if ctx.near_restart(e.t))
     report.add("faults", "deliveries that ended with no outcome (expired leases)", silent)
-    if silent > held + len(ev.lost_leases):
+    if silent > held + len(ev.lost_leases) + near:
         report.fail(
             f"{silent} deliveries ended with no outcome, but SIGKILLed supervisors held only "
-            f"{held} job(s) and {len(ev.lost_leases)} lease(s) were lost"
+            f"{held} job(s), {len(ev.lost_leases)} lease(s) were lost"
+            + (f" and {near} expired near a database restart" if ev.db_restarts else "")
         )
 
 
@@ -422,13 +484,12 @@ def _completed_but_lost(run: dict[str, Any], ctx: _Context) -> str | None:
     if kill is not None and kill.t >= end - END_SLACK:
         return "a worker kill"
     node = ctx.by_pid.get(run.get("ppid", -1))
-    if node is None or node.signalled is None or node.signalled > end + END_SLACK:
-        return None
-    if node.how == "kill":
-        return "a supervisor SIGKILL"
-    if node.how in ("drain", "leave", "stop"):
-        return "a drain's kill at the end of its grace period"
-    return None
+    if node is not None and node.signalled is not None and node.signalled <= end + END_SLACK:
+        if node.how == "kill":
+            return "a supervisor SIGKILL"
+        if node.how in ("drain", "leave", "stop"):
+            return "a drain's kill at the end of its grace period"
+    return "a database restart" if ctx.near_restart(end) else None
 
 
 def _drains(ev: Evidence, ctx: _Context, report: Report) -> None:
@@ -449,6 +510,7 @@ def _drains(ev: Evidence, ctx: _Context, report: Report) -> None:
         sum(n.how == "drain" for n in ev.nodes),
     )
     report.add("faults", "joins and leaves (SIGTERM)", sum(n.how == "leave" for n in ev.nodes))
+    report.add("faults", "database server restarts", len(ev.db_restarts))
     report.add("faults", "supervisor processes started", len(ev.nodes))
     took = [n.exited - n.signalled for n in drains if n.exited and n.signalled]
     if took:
@@ -465,7 +527,11 @@ def _drains(ev: Evidence, ctx: _Context, report: Report) -> None:
     report.add("drains", "jobs left leased by a drained supervisor", len(left))
     for name, job in left:
         report.fail(f"job {job} still leased by {name} after its drain ended")
-    expired_drained = [j.id for j in ev.jobs.values() if ctx.expired_under(j) in ctx.drained_nodes]
+    expired_drained = [
+        j.id
+        for j in ev.jobs.values()
+        if ctx.expired_under(j) in ctx.drained_nodes and not ctx.expired_near_restart(j)
+    ]
     report.add("drains", "leases that expired under a drained supervisor", len(expired_drained))
     if expired_drained:
         report.fail(
@@ -473,11 +539,33 @@ def _drains(ev: Evidence, ctx: _Context, report: Report) -> None:
             f"{_some(expired_drained)}"
         )
     report.add("drains", "leases lost by a live supervisor (worker killed)", len(ev.lost_leases))
-    for node, job in ev.lost_leases:
-        if node not in ctx.killed_nodes:
-            report.fail(f"supervisor {node} lost the lease of job {job} while running it")
+    for e in ev.lost_leases:
+        if e.node not in ctx.killed_nodes and not ctx.near_restart(e.t):
+            report.fail(f"supervisor {e.node} lost the lease of job {e.job} while running it")
     for problem in ev.log_problems:
         report.fail(problem)
+
+
+def _outages(ev: Evidence, ctx: _Context, report: Report) -> None:
+    """How long each database restart took, how long the server refused connections, and
+    what the checks above let pass because it happened near a restart."""
+    if not ev.db_restarts:
+        return
+    took = [r.ready - r.began for r in ev.db_restarts]
+    down = [r.down_to - r.down_from for r in ev.db_restarts if r.down_to and r.down_from]
+    report.add("database", "restart command until accepting, max / mean", _max_mean(took))
+    report.add("database", "refusing connections (pg_isready), max / mean", _max_mean(down))
+    lost = [e for e in ev.lost_leases if e.node not in ctx.killed_nodes and ctx.near_restart(e.t)]
+    report.add("database", "leases lost by a live supervisor near a restart", len(lost))
+    report.add(
+        "database",
+        "leases expired under a live supervisor near a restart",
+        len(ctx.restart_expired),
+    )
+
+
+def _max_mean(values: Sequence[float]) -> str:
+    return f"{max(values):.2f}s / {sum(values) / len(values):.2f}s" if values else "-"
 
 
 def _caps(ev: Evidence, report: Report) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from stress.chaos_checks import (
+    DbRestart,
     Evidence,
+    LeaseEvent,
     LoggedFailure,
     NodeRun,
     PlannedJob,
@@ -58,6 +60,19 @@ def ran(job_id: int, attempt: int = 1, pid: int = 500, ppid: int = 100, **kw: An
     }
 
 
+def dead_hang(error_kind: ErrorKind, last_error: str, attempts: int = 3) -> Job:
+    """Job 2, the hang, dead after ``attempts`` deliveries."""
+    return job(
+        2,
+        "dead",
+        attempts,
+        kind="hang",
+        pool="poison",
+        error_kind=error_kind,
+        last_error=last_error,
+    )
+
+
 def timeouts(n: int = 3) -> list[LoggedFailure]:
     """The hang's (job 2) logged failures, attempts 1..n."""
     return [
@@ -75,15 +90,7 @@ def evidence(**kw: Any) -> Evidence:
         },
         "jobs": {
             1: job(1),
-            2: job(
-                2,
-                "dead",
-                3,
-                kind="hang",
-                pool="poison",
-                error_kind=ErrorKind.TIMEOUT,
-                last_error="ran past its timeout of 2s",
-            ),
+            2: dead_hang(ErrorKind.TIMEOUT, "ran past its timeout of 2s"),
         },
         "executions": [ran(1)],
         "nodes": [NodeRun("s1-1", "base", 100, T0 - 5)],
@@ -112,14 +119,9 @@ def test_a_lost_job_and_an_unfinished_one_are_violations() -> None:
 
 
 def test_a_poison_job_of_the_wrong_kind_fails_unless_a_kill_explains_it() -> None:
-    crashed = job(
-        2,
-        "dead",
-        3,
-        kind="hang",
-        pool="poison",
-        error_kind=ErrorKind.CRASHED,
-        last_error="worker killed by SIGKILL (not by fleetd: the kernel's OOM killer or ...)",
+    crashed = dead_hang(
+        ErrorKind.CRASHED,
+        "worker killed by SIGKILL (not by fleetd: the kernel's OOM killer or ...)",
     )
     failure = LoggedFailure(T0 + 1.0, "s1-1", 2, 3, "crashed", crashed.last_error or "")
     failures = [*timeouts(2), failure]
@@ -134,14 +136,8 @@ def test_a_poison_job_of_the_wrong_kind_fails_unless_a_kill_explains_it() -> Non
 
 def test_lease_expired_is_explained_only_under_a_sigkilled_supervisor() -> None:
     def expired(node: str) -> Job:
-        return job(
-            2,
-            "dead",
-            3,
-            kind="hang",
-            pool="poison",
-            error_kind=ErrorKind.LEASE_EXPIRED,
-            last_error=f"the lease held by node {node} expired during attempt 3",
+        return dead_hang(
+            ErrorKind.LEASE_EXPIRED, f"the lease held by node {node} expired during attempt 3"
         )
 
     jobs, two = {1: job(1), 2: expired("s1-1")}, timeouts(2)  # the third delivery expired
@@ -155,7 +151,7 @@ def test_lease_expired_is_explained_only_under_a_sigkilled_supervisor() -> None:
 
 
 def test_a_poison_job_dead_before_max_deliveries_is_a_violation() -> None:
-    early = job(2, "dead", 2, kind="hang", pool="poison", error_kind=ErrorKind.TIMEOUT)
+    early = dead_hang(ErrorKind.TIMEOUT, "ran past its timeout of 2s", attempts=2)
     violations = check(evidence(jobs={1: job(1), 2: early}, failures=timeouts(2))).violations
     assert any("not max_deliveries 3" in v for v in violations)
 
@@ -220,3 +216,60 @@ def test_a_drain_that_left_a_lease_and_a_cap_overrun_are_violations() -> None:
 def test_processes_left_behind_are_violations() -> None:
     report = check(evidence(leftovers=["pid 4242 'fleetd: poison#1' of s1-1"]))
     assert any("left behind: pid 4242" in v for v in report.violations)
+
+
+def test_a_database_restart_explains_lost_and_expired_leases_only_near_it() -> None:
+    # job 1's first delivery on s1-1 lost its lease (the worker killed), a reaper found it
+    # expired, and delivery 2 completed it; s1-1 itself was stopped normally at the end
+    expired = job(
+        1,
+        attempts=2,
+        error_kind=ErrorKind.LEASE_EXPIRED,
+        last_error="the lease held by node s1-1 expired during attempt 1",
+    )
+    stopped = NodeRun("s1-1", "base", 100, T0 - 5, T0 + 20, "stop", T0 + 21, 0)
+    kw: dict[str, Any] = {
+        "jobs": {1: expired, 2: evidence().jobs[2]},
+        "nodes": [stopped],
+        "lost_leases": [LeaseEvent(T0 + 3.0, "s1-1", 1)],
+        "expired_leases": [LeaseEvent(T0 + 4.0, "s2-1", 1)],
+    }
+    violations = check(evidence(**kw)).violations
+    assert any("a lease expired under s1-1, which was not SIGKILLed" in v for v in violations)
+    assert any("waited out a lease of a drained supervisor" in v for v in violations)
+    assert any("s1-1 lost the lease of job 1" in v for v in violations)
+
+    long_before = [DbRestart(T0 - 60, T0 - 57.5, T0 - 59.9, T0 - 59.7)]
+    assert len(check(evidence(**kw, db_restarts=long_before)).violations) == 3
+
+    report = check(evidence(**kw, db_restarts=[DbRestart(T0, T0 + 2.5, T0 + 0.1, T0 + 0.3)]))
+    assert report.violations == []
+    flat = report.flat()
+    assert flat["faults.database server restarts"] == 1
+    assert flat["database.refusing connections (pg_isready), max / mean"] == "0.20s / 0.20s"
+    assert flat["database.leases lost by a live supervisor near a restart"] == 1
+    assert flat["database.leases expired under a live supervisor near a restart"] == 1
+
+
+def test_a_database_restart_explains_a_poison_job_dead_of_an_expired_lease() -> None:
+    hang = dead_hang(
+        ErrorKind.LEASE_EXPIRED, "the lease held by node s1-1 expired during attempt 3"
+    )
+    kw: dict[str, Any] = {
+        "jobs": {1: job(1), 2: hang},
+        "failures": timeouts(2),
+        "expired_leases": [LeaseEvent(T0 + 9.0, "s1-1", 2)],
+    }
+    assert any("dead of lease_expired" in v for v in check(evidence(**kw)).violations)
+    report = check(evidence(**kw, db_restarts=[DbRestart(T0 + 1, T0 + 3.5)]))
+    assert report.violations == []
+    assert "lease_expired (database restart) 1" in str(report.flat())
+
+
+def test_a_duplicate_is_explained_by_a_database_restart_only_when_it_ended_near_one() -> None:
+    twice = [ran(1, 1, pid=500), ran(1, 2, pid=501)]  # the first ended at T0 + 0.02
+    near = check(evidence(executions=twice, db_restarts=[DbRestart(T0 - 1, T0 + 1.5)]))
+    assert near.violations == []
+    assert near.flat()["duplicates.explained by a database restart"] == 1
+    far = check(evidence(executions=twice, db_restarts=[DbRestart(T0 + 30, T0 + 32.5)]))
+    assert any("job 1 completed 2 times" in v for v in far.violations)
