@@ -2,7 +2,13 @@
 crashes, a fork bomb under RLIMIT_NPROC, flaky and SIGTERM-ignoring jobs), worker and
 supervisor SIGKILLs, a drain and a join/leave on a seeded schedule; ``python -m stress chaos``
 exits 0 only when every invariant held (stress/chaos_checks.py). Here its key figures are
-asserted too, so a run that quietly did nothing cannot pass."""
+asserted too, so a run that quietly did nothing cannot pass.
+
+On PostgreSQL the run is also made with real restarts of the database server
+(``--allow-db-restart``), but only where ``FLEETD_TEST_ALLOW_DB_RESTART=1`` says the server is
+the suite's alone: a restart (a fast shutdown) ends every client's sessions, so on a machine
+where others run their tests against the same server it fails theirs.
+tests/unit/test_stress_chaos_db.py covers the flag and the schedule without a server."""
 
 from __future__ import annotations
 
@@ -13,24 +19,31 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from stress import chaos_db
+from tests.support.databases import postgres_schema_url
+
+ALLOW_RESTART = "FLEETD_TEST_ALLOW_DB_RESTART"
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(300)
-def test_short_chaos_run_holds_every_invariant(db_url: str) -> None:
+def run_chaos(database: str, *options: str) -> dict[str, Any]:
+    """Run ``python -m stress chaos --short`` on ``database``, assert that every invariant
+    held and that the run did what it was asked to, and return its figures (the run's folder
+    is kept when an assertion fails; a failed run names it)."""
     # not tmp_path: the poison pool runs as an unprivileged user, who must reach the
     # execution log, and pytest's base folder is private to root
     folder = Path(tempfile.mkdtemp(prefix="fleetd-chaos-test-"))
     folder.chmod(0o755)
-    run = folder / "run"
     summary = folder / "summary.json"
-    command = [sys.executable, "-m", "stress", "chaos", "--short", "--seed", "7"]
-    command += ["--database", db_url, "--folder", str(run), "--json", str(summary)]
+    command = [sys.executable, "-m", "stress", "chaos", "--short", "--seed", "7", *options]
+    command += ["--database", database, "--folder", str(folder / "run"), "--json", str(summary)]
     proc = subprocess.run(
         command,
         cwd=ROOT,
@@ -64,3 +77,47 @@ def test_short_chaos_run_holds_every_invariant(db_url: str) -> None:
     assert figures["jobs.torn log lines"] == 0
     assert figures["jobs.executions logged"] >= enqueued
     shutil.rmtree(folder, ignore_errors=True)
+    return figures
+
+
+@pytest.mark.timeout(300)
+def test_short_chaos_run_holds_every_invariant(db_url: str) -> None:
+    figures = run_chaos(db_url)
+    assert figures["faults.database server restarts"] == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+def test_short_chaos_run_with_database_restarts_holds_every_invariant() -> None:
+    """Two restarts of the real server while the supervisors work. Every other connection
+    to the server is cut too, so the test leaves it accepting connections whatever happens."""
+    if os.environ.get(ALLOW_RESTART) != "1":
+        pytest.skip(
+            f"restarts the PostgreSQL server, cutting every other client's connections: set "
+            f"{ALLOW_RESTART}=1 where the server is this suite's alone"
+        )
+    with postgres_schema_url() as url:
+        try:
+            cluster = chaos_db.cluster_for(url)
+        except chaos_db.NotRestartable as exc:
+            pytest.skip(f"the harness cannot restart this server: {exc}")
+        try:
+            figures = run_chaos(url, "--allow-db-restart", "--db-restarts", "2")
+        finally:
+            assert chaos_db.ensure_running(cluster), "the PostgreSQL server stayed down"
+    assert figures["faults.database server restarts"] == 2
+    assert figures["database.restart command until accepting, max / mean"] != "-"
+
+
+def test_database_restarts_are_refused_on_sqlite() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "stress", "chaos", "--short", "--allow-db-restart"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("chaos: --allow-db-restart: needs PostgreSQL")
+    assert proc.stderr.count("\n") == 1
