@@ -45,15 +45,19 @@ class RestartFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
+    """A cluster of this host (Debian's postgresql-common layout), and where it listens."""
+
     version: str
     host: str | None
     port: int
 
     def command(self, action: str) -> list[str]:
+        """``pg_ctlcluster`` for ``action`` (restart, start) on this cluster."""
         ctl = shutil.which("pg_ctlcluster") or "pg_ctlcluster"
         return [ctl, "--skip-systemctl-redirect", self.version, CLUSTER, action]
 
     def ready_command(self) -> list[str]:
+        """``pg_isready`` against the address the run's URL names (exit 0: accepting)."""
         host = ["-h", self.host] if self.host else []
         return ["pg_isready", *host, "-p", str(self.port), "-t", "1"]
 
@@ -102,6 +106,7 @@ def _conf_port(folder: Path) -> int:
 
 
 def is_ready(cluster: Cluster) -> bool:
+    """The server accepts connections now."""
     return subprocess.run(cluster.ready_command(), capture_output=True).returncode == 0
 
 
