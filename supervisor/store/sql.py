@@ -417,27 +417,43 @@ class SqlStore:
 
     def ack(self, acks: Sequence[Ack]) -> list[Lease]:
         """Mark jobs done with their results; return the leases that were no longer ours
-        (nothing changed for those)."""
+        (nothing changed for those). Each row's update is guarded by its lease, so one
+        executemany usually does it; only when fewer rows changed than acks were given is it
+        rolled back and redone knowing which leases are still ours."""
         if not acks:
             return []
         now = self._clock.now() if self._clock is not None else None
+        params = [
+            {
+                "b_id": a.lease.job_id,
+                "b_token": a.lease.token,
+                "b_result": a.result,
+                "b_peak_rss": a.peak_rss,
+                "b_duration": a.duration,
+                "now": now,
+            }
+            for a in acks
+        ]
+        try:
+            with self._tx() as conn:
+                changed = conn.execute(self._ack_stmt, params).rowcount
+                if changed == len(acks) and conn.dialect.supports_sane_multi_rowcount:
+                    return []
+                raise _Partial  # roll back, and redo it row by row below
+        except _Partial:
+            pass
         with self._tx() as conn:
             owned = self._owned(conn, [a.lease for a in acks])
-            params = [
-                {
-                    "b_id": a.lease.job_id,
-                    "b_token": a.lease.token,
-                    "b_result": a.result,
-                    "b_peak_rss": a.peak_rss,
-                    "b_duration": a.duration,
-                    "now": now,
-                }
-                for a in acks
-                if a.lease in owned
-            ]
-            if params:
-                conn.execute(self._ack_stmt, params)
+            mine = [p for p, a in zip(params, acks, strict=True) if a.lease in owned]
+            if mine:
+                conn.execute(self._ack_stmt, mine)
         return [a.lease for a in acks if a.lease not in owned]
+
+    def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
+        """Those of ``leases`` still valid (job leased under that token), their rows locked for
+        this transaction (SQLite's write lock is already held; PostgreSQL locks the rows)."""
+        rows = conn.execute(_OWNED_STMT, {"leases": _pairs(leases)})
+        return {Lease(r.id, r.lease_token) for r in rows}
 
     @cached_property
     def _ack_stmt(self) -> Any:
@@ -458,12 +474,6 @@ class SqlStore:
                 locked_until=None,
             )
         )
-
-    def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
-        """Those of ``leases`` still valid (job leased under that token), their rows locked for
-        this transaction (SQLite's write lock is already held; PostgreSQL locks the rows)."""
-        rows = conn.execute(_OWNED_STMT, {"leases": _pairs(leases)})
-        return {Lease(r.id, r.lease_token) for r in rows}
 
     def fail(self, failures: Sequence[Failure]) -> FailOutcome:
         """Record failed deliveries: retry after ``retry_delay`` while attempts remain,
@@ -819,6 +829,10 @@ _OWNED_STMT = (
     .where(jobs.c.state == LEASED, _LEASES_MATCH)
     .with_for_update()
 )
+
+
+class _Partial(Exception):
+    """Inside the store only: a batched write did not take for every row; roll it back."""
 
 
 def _pairs(leases: Sequence[Lease]) -> list[tuple[int, str]]:
