@@ -161,7 +161,14 @@ class Dispatcher:
         c = pool.config
         depth = pool.depth()
         workers = pool.workers
-        room = {pid: w.room(depth, c.max_jobs_per_worker) for pid, w in workers.items()}
+        # a worker that still has work is topped up only once half its room is free: one
+        # write (and one wake-up) then carries many jobs
+        room = {
+            pid: r
+            if (r := w.room(depth, c.max_jobs_per_worker)) * 2 >= depth or not w.held()
+            else 0
+            for pid, w in workers.items()
+        }
         ahead = {pid: w.held() for pid, w in workers.items()}
         queued_bytes = {pid: w.queued_bytes for pid, w in workers.items()}
         sends: dict[int, list[tuple[Buffered, bytes]]] = {}
