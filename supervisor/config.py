@@ -297,6 +297,9 @@ class PoolConfig(BaseModel):
         None, "a worker whose RSS stays above this after a job is replaced", example="400MiB"
     )
     prefetch: Count = _key(0, "jobs claimed ahead of idle workers (each holds a lease meanwhile)")
+    pipeline: Positive = _key(
+        32, "most jobs sent to one worker at once while the pool's jobs are sub-millisecond; 1: off"
+    )
     user: Name = _key(
         None, "run workers as this user (fleetd must start as root)", example="fleetd"
     )

@@ -67,6 +67,39 @@ def poll_delay(empty_claims: int) -> float:
     return min(POLL_MAX, POLL_MIN * 2.0 ** min(empty_claims, 20))
 
 
+PIPELINE_BUDGET = 0.002  # seconds of work a worker may hold queued behind its running job
+JOB_OVERHEAD = 50e-6  # a worker's own time per job besides the handler (measured: ~40-60 µs)
+
+
+def pipeline_depth(recent_duration: float | None, limit: int) -> int:
+    """How many jobs one worker may hold at once: the running one and those queued behind it.
+
+    Queueing saves the parent a round trip per job, which is most of the cost of a very short
+    job; but a queued job waits for those ahead of it, and if one of them hangs, until its
+    timeout. So only as many as ``recent_duration`` (the pool's recent handler time, rising at
+    once on a slow job, falling slowly) says run in ``PIPELINE_BUDGET``: short jobs queue up
+    to ``limit``, jobs of a few milliseconds or more (or not measured yet) never.
+
+    >>> [pipeline_depth(d, 32) for d in (None, 0.0, 0.00005, 0.0005, 0.002, 1.0)]
+    [1, 32, 20, 3, 1, 1]
+    """
+    if recent_duration is None or limit <= 1:
+        return 1
+    return max(1, min(limit, int(PIPELINE_BUDGET / (recent_duration + JOB_OVERHEAD))))
+
+
+def recent_duration(previous: float | None, duration: float) -> float:
+    """The estimate ``pipeline_depth`` reads: jumps up to a slower job at once, and decays
+    toward faster ones by 5 % per job (so one slow job stops queueing for ~100 jobs).
+
+    >>> recent_duration(None, 0.5), recent_duration(0.001, 0.5), recent_duration(0.5, 0.0)
+    (0.5, 0.5, 0.475)
+    """
+    if previous is None or duration >= previous:
+        return duration
+    return previous + 0.05 * (duration - previous)
+
+
 @dataclass(frozen=True, slots=True)
 class KillReason:
     """Why the parent killed a worker; decides what happens to its job."""

@@ -8,11 +8,16 @@ protocol version ``"v"``, the message ``"type"`` and the message's fields::
 Messages, one frozen dataclass each::
 
     parent → child   RunJob(job_id, kind, payload, attempt, deadline, token)
-                     Ping(seq)                  Shutdown()
-    child → parent   Ready(pid)                 Started(job_id)
+                     Ping(seq)                  Shutdown()          Release()
+    child → parent   Ready(pid)                 Returned(job_id)
                      JobDone(job_id, result, duration, peak_rss)
                      JobFailed(job_id, error_kind, message, traceback_tail, duration, peak_rss)
                      Pong(seq, rss)             Recycling(reason)
+
+The parent may send several ``RunJob`` frames ahead (a pipeline): the worker runs them one
+after the other, in order, and answers each with its result; a result means the next one has
+started. ``Release`` asks for the ones not started yet back: each comes back as ``Returned`` and
+is never run.
 
 ``payload`` and ``result`` are JSON *text* carried as strings: the parent stores and forwards
 them without parsing, and only the child parses the payload. Sizes are bytes, durations seconds,
@@ -21,8 +26,8 @@ other version: ``ProtocolError``), because both ends always run the same code: t
 fork of the parent. A ``ProtocolError`` leaves the stream out of step; the only safe reaction is
 to close the connection and end the worker.
 
-The child reads with the blocking ``read_frame`` and writes with ``write_frame``; the parent
-feeds bytes from a non-blocking fd into a ``FrameReader``.
+Both ends feed the bytes they read into a ``FrameReader`` (one read can bring several frames);
+``read_frame`` and ``write_frame`` are the blocking one-frame forms.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ class FrameTooLarge(ProtocolError):
 
 @dataclass(frozen=True, slots=True)
 class RunJob:
-    """Run one job. ``payload`` is JSON text; ``deadline`` the Unix time of the kill."""
+    """Run one job. ``payload`` is JSON text; ``deadline`` the Unix time of the kill at the
+    earliest (a job queued behind others gets its timeout from when it starts)."""
 
     job_id: int
     kind: str
@@ -80,6 +86,12 @@ class Shutdown:
 
 
 @dataclass(frozen=True, slots=True)
+class Release:
+    """Hand back every ``RunJob`` received but not started (each as ``Returned``): a drain.
+    Read before the next queued job starts, not while one runs."""
+
+
+@dataclass(frozen=True, slots=True)
 class Ready:
     """Setup is done and the worker waits for jobs."""
 
@@ -87,8 +99,8 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
-class Started:
-    """The handler for ``job_id`` is about to be called (the payload parsed)."""
+class Returned:
+    """``job_id`` was received but will never be started here (answer to ``Release``)."""
 
     job_id: int
 
@@ -125,15 +137,18 @@ class Pong:
 
 @dataclass(frozen=True, slots=True)
 class Recycling:
-    """The worker is about to exit with ``exitcodes.RECYCLE``.
+    """The worker is about to exit with ``exitcodes.RECYCLE``, right after a result.
 
-    Any ``RunJob`` the parent sent after the last result is never read: release it.
+    Any ``RunJob`` the parent sent after that result is never started: release it. (A handler
+    that exits with code 83 itself sent no Recycling: that is a crash.)
     """
 
     reason: str
 
 
-Message = RunJob | Ping | Shutdown | Ready | Started | JobDone | JobFailed | Pong | Recycling
+Message = (
+    RunJob | Ping | Shutdown | Release | Ready | Returned | JobDone | JobFailed | Pong | Recycling
+)
 _CLASSES: tuple[type, ...] = typing.get_args(Message)
 _BY_NAME: dict[str, type] = {cls.__name__: cls for cls in _CLASSES}
 

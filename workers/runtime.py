@@ -7,11 +7,18 @@
             PR_SET_PDEATHSIG=SIGKILL, privilege drop, PDEATHSIG again, getppid() check
             RLIMIT_CORE 0, memory rlimit, RLIMIT_NPROC, title "fleetd: pool#slot idle"
 
-    loop:  RunJob ─> Started ─> reset VmHWM ─> handler(payload) in this thread
+    loop:  RunJob ─> reset VmHWM ─> handler(payload) in this thread
                          └─> JobDone(result) | JobFailed(exception|permanent|memory_limit)
                              └─> recycle? ─> Recycling ─> exit RECYCLE
            Ping ─> Pong(rss)        Shutdown ─> exit OK
+           Release ─> Returned(job_id) for every RunJob received and not started
            EOF / broken pipe ─> exit PARENT_GONE      bad frame ─> exit PROTOCOL_ERROR
+
+Frames are acted on in the order the parent sent them. The parent may send several RunJob
+frames ahead (it does for pools whose jobs are short: ``supervisor.policy.pipeline_depth``);
+they wait in the inbox. Before acting on a waiting frame the worker reads, without blocking,
+whatever else has arrived, so a Release sent behind queued jobs is seen before the next of them
+starts.
 
 The worker only knows its connection, its handler table and its limits. It never enforces
 deadlines or memory_limit itself: the parent kills it (SIGKILL) for a timeout, a lease it lost,
@@ -35,9 +42,11 @@ import contextlib
 import gc
 import json
 import os
+import select
 import signal
 import sys
 import traceback
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
@@ -128,6 +137,10 @@ class _Worker:
         self.cap: limits.MemoryCap | None = None
         self.jobs_done = 0
         self.pid = os.getpid()
+        self.reader = protocol.FrameReader(spec.max_frame)
+        self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
+        self.poller = select.poll()
+        self.poller.register(conn_fd, select.POLLIN)
 
     # --- setup ---
 
@@ -187,16 +200,47 @@ class _Worker:
                 raise _Exit(exitcodes.PROTOCOL_ERROR, why)
 
     def _read(self) -> protocol.Message:
-        """The next frame; EOF or a read error means the parent is gone."""
+        """The next message to act on. Blocks only when none is waiting; otherwise first
+        takes in, without blocking, what else has arrived (a Release, say)."""
+        if self.inbox and self.poller.poll(0):
+            self._receive()
+        while not self.inbox:
+            self._receive()
+        return self.inbox.popleft()
+
+    def _receive(self) -> None:
+        """One (blocking) read; its complete frames join the inbox, and a Release hands back
+        the jobs waiting there. EOF or a read error means the parent is gone."""
         try:
-            msg = protocol.read_frame(self.fd, self.spec.max_frame)
-        except protocol.ProtocolError as exc:
-            raise _Exit(exitcodes.PROTOCOL_ERROR, f"bad frame from the parent: {exc}") from exc
+            data = os.read(self.fd, 65536)
         except OSError as exc:
             raise _Exit(exitcodes.PARENT_GONE) from exc
-        if msg is None:
+        if not data:
+            if self.reader.pending:
+                why = f"end of file inside a frame ({self.reader.pending} bytes)"
+                raise _Exit(exitcodes.PROTOCOL_ERROR, f"bad frame from the parent: {why}")
             raise _Exit(exitcodes.PARENT_GONE)
-        return msg
+        try:
+            messages = self.reader.feed(data)
+        except protocol.ProtocolError as exc:
+            raise _Exit(exitcodes.PROTOCOL_ERROR, f"bad frame from the parent: {exc}") from exc
+        for msg in messages:
+            if isinstance(msg, protocol.Release):
+                self._return_waiting_jobs()
+            else:
+                self.inbox.append(msg)
+
+    def _return_waiting_jobs(self) -> None:
+        """Answer a Release: every RunJob in the inbox goes back to the parent, unstarted."""
+        jobs = [m for m in self.inbox if isinstance(m, protocol.RunJob)]
+        if not jobs:
+            return
+        rest = [m for m in self.inbox if not isinstance(m, protocol.RunJob)]
+        self.inbox = deque(rest)
+        frames = b"".join(
+            protocol.encode(protocol.Returned(job.job_id), self.spec.max_frame) for job in jobs
+        )
+        self._send_bytes(frames)
 
     def _send(self, msg: protocol.Message) -> None:
         """Write one frame; a broken pipe means the parent is gone."""
@@ -225,7 +269,6 @@ class _Worker:
         except ValueError as exc:  # the client checks payloads, so retrying cannot help
             why = f"payload is not valid JSON: {exc}"
             return self._failed(job, Outcome(error_kind=protocol.PERMANENT, message=why))
-        self._send(protocol.Started(job.job_id))
         limits.reset_peak_rss()
         proctitle.set_title(proctitle.title_busy(spec.pool, spec.slot, job.job_id, job.kind, 0))
         token = context.bind(

@@ -19,8 +19,10 @@ retried with backoff; nothing is dropped. Owned by the supervisor's main thread.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -43,6 +45,9 @@ log = logging.getLogger("fleetd.dispatch")
 EXPIRED_READ = 100  # rows read per reaper pass to log (and count) expired leases one by one
 
 PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
+PIPELINE_BYTES = 64 * 1024  # frame bytes queued behind a worker's running job, at most
+ACK_WAIT = 0.002  # seconds a result may wait for others to share its write
+ACK_BATCH = 100  # results that are written at once, without waiting
 
 
 @dataclass
@@ -72,6 +77,7 @@ class Dispatcher:
         self.rng = rng or random.Random()
         self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
         self.acks: list[Ack] = []
+        self.acks_due = 0.0  # when the oldest unwritten ack must be written (monotonic)
         self.fails: list[tuple[str, Failure]] = []  # (pool, failure)
         self.releases: list[Lease] = []
         self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
@@ -95,11 +101,27 @@ class Dispatcher:
         pool.next_poll_at = 0.0
 
     def claim(self, pool: Pool, now: float) -> None:
-        """Claim for this pool's idle workers (plus prefetch) when its poll is due."""
-        due = self.retries_due[pool.name]
-        want = len(pool.idle()) + pool.config.prefetch - len(self.buffer[pool.name])
-        if want <= 0 or now < pool.next_poll_at or now < self.store_retry_at:
+        """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
+        worker that holds nothing, or, for a pool that pipelines (short jobs), what its
+        workers may still be sent; such a pool also claims a second pipeline's worth ahead,
+        and only once half of what it wants is missing, so one claim serves many jobs."""
+        depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
+        capacity = room = 0
+        empty = False
+        for worker in pool.workers.values():
+            free = worker.room(depth, max_jobs)
+            held = worker.held()
+            if free > 0 or held:
+                capacity += free + held
+                room += free
+                empty = empty or (free > 0 and not held)
+        ahead = pool.config.prefetch + (capacity if depth > 1 else 0)
+        want = room + ahead - len(self.buffer[pool.name])
+        if want <= 0 or not (depth == 1 or empty or 2 * want >= capacity):
             return
+        if now < pool.next_poll_at or now < self.store_retry_at:
+            return
+        due = self.retries_due[pool.name]
         while due and due[0] <= now:  # this claim sees those retries
             heapq.heappop(due)
         c = pool.config
@@ -130,31 +152,60 @@ class Dispatcher:
             pool.next_poll_at = min(pool.next_poll_at, due[0])
 
     def assign(self, pool: Pool, now: float) -> None:
-        """Send buffered jobs to idle workers."""
+        """Send buffered jobs to workers with room, the least loaded first, in claim order.
+        A job goes behind a running one only while the worker's queued frames stay under
+        ``PIPELINE_BYTES`` (so the socket always takes them without waiting)."""
         queue = self.buffer[pool.name]
-        for worker in pool.idle():
-            if not queue:
-                return
-            item = queue.popleft()
-            c = item.claimed
-            run = protocol.RunJob(
-                c.job_id,
-                c.kind,
-                c.payload,
-                c.attempt,
-                self.clock.now() + pool.config.timeout,
-                c.lease.token,
+        if not queue:
+            return
+        c = pool.config
+        depth = pool.depth()
+        workers = pool.workers
+        # a worker that still has work is topped up only once half its room is free: one
+        # write (and one wake-up) then carries many jobs
+        room = {
+            pid: r
+            if (r := w.room(depth, c.max_jobs_per_worker)) * 2 >= depth or not w.held()
+            else 0
+            for pid, w in workers.items()
+        }
+        ahead = {pid: w.held() for pid, w in workers.items()}
+        queued_bytes = {pid: w.queued_bytes for pid, w in workers.items()}
+        sends: dict[int, list[tuple[Buffered, bytes]]] = {}
+        wall = self.clock.now()
+        while queue:
+            open_ = [pid for pid, r in room.items() if r > 0]
+            if not open_:
+                break
+            pid = min(open_, key=ahead.__getitem__)
+            item = queue[0]
+            cl = item.claimed
+            frame = protocol.encode(
+                protocol.RunJob(
+                    cl.job_id, cl.kind, cl.payload, cl.attempt, wall + c.timeout, cl.lease.token
+                )
             )
+            if ahead[pid] and queued_bytes[pid] + len(frame) > PIPELINE_BYTES:
+                room[pid] = 0  # full for now (a worker with nothing ahead takes any size)
+                continue
+            queue.popleft()
+            if ahead[pid]:
+                queued_bytes[pid] += len(frame)
+            room[pid] -= 1
+            ahead[pid] += 1
+            sends.setdefault(pid, []).append((item, frame))
+        for pid, items in sends.items():
+            worker = workers[pid]
             try:
-                worker.send(run)
+                worker.send_bytes(b"".join(frame for _, frame in items))
             except (OSError, TimeoutError):
-                queue.appendleft(item)  # the worker is dying; its exit is handled on reap
+                queue.extendleft(item for item, _ in reversed(items))
+                # the worker is dying; its exit is handled on reap
                 worker.kill(KillReason("retire", "worker stopped reading"), now)
                 continue
-            worker.state = "busy"
-            worker.job = InFlight(
-                c, now, now + pool.config.timeout, item.lease_expires, item.extensions
-            )
+            for item, frame in items:
+                job = InFlight(item.claimed, now, math.inf, item.lease_expires, item.extensions)
+                worker.take(job, len(frame), now, c.timeout)
 
     # ---- results and exits -------------------------------------------------------------
 
@@ -164,9 +215,9 @@ class Dispatcher:
         if isinstance(msg, protocol.Ready) and worker.state == "starting":
             worker.state = "idle"
             pool.boot_failures = 0
-        elif isinstance(msg, protocol.Started) and job is not None:
-            job.started_ack = True
         elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
+            if not self.acks:
+                self.acks_due = now + ACK_WAIT
             self.acks.append(Ack(job.claimed.lease, msg.result, msg.peak_rss, msg.duration))
             self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
             if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
@@ -180,7 +231,7 @@ class Dispatcher:
                     None,
                     "done",
                 )
-            self._job_over(worker)
+            self._job_over(pool, worker, msg.duration, now)
         elif isinstance(msg, protocol.JobFailed) and job and job.claimed.job_id == msg.job_id:
             kind = ErrorKind(msg.error_kind)
             message = msg.message
@@ -190,28 +241,36 @@ class Dispatcher:
                     "the handler stopped on SoftTimeout"
                 )
             self._failure(pool, job, kind, message, msg.peak_rss, msg.duration)
-            self._job_over(worker)
+            self._job_over(pool, worker, msg.duration, now)
+        elif isinstance(msg, protocol.Returned):
+            returned = worker.returned(msg.job_id, now, pool.config.timeout)
+            if returned is not None:
+                self.releases.append(returned.claimed.lease)
         elif isinstance(msg, protocol.Pong):
             worker.last_rss = msg.rss
         elif isinstance(msg, protocol.Recycling):
-            worker.state = "stopping" if worker.job is None else worker.state
+            worker.state = "stopping"  # it exits now: what it holds is released then
+            worker.recycling = True
 
-    def _job_over(self, worker: WorkerHandle) -> None:
+    def _job_over(self, pool: Pool, worker: WorkerHandle, duration: float, now: float) -> None:
         self.freed.add(worker.pool)
-        worker.job = None
-        worker.soft_signalled_at = None
+        pool.job_took(duration)
         worker.jobs_done += 1
-        if worker.state == "busy":
-            worker.state = "idle"
+        worker.finished(now, pool.config.timeout)
 
     def on_exit(self, worker: WorkerHandle, status: int, now: float) -> None:
-        """A worker was reaped: decide the fate of the job it held, if any."""
+        """A worker was reaped: decide the fate of the jobs it held. Those queued behind the
+        current one never started: released; so did the current one of a worker that said
+        Recycling (it exits right after a result)."""
+        for queued in worker.queued:
+            self.releases.append(queued.claimed.lease)
+        worker.queued.clear()
         job = worker.job
         if job is None:
             return
         pool = self.pools[worker.pool]
         code = status >> 8 if status & 0x7F == 0 else None
-        if not job.started_ack and code == exitcodes.RECYCLE:
+        if worker.recycling and code == exitcodes.RECYCLE:
             self.releases.append(job.claimed.lease)  # never started: hand it back untouched
             return
         verdict = classify_exit(status, worker.kill_reason)
@@ -219,6 +278,7 @@ class Dispatcher:
             assert verdict.error_kind is not None
             peak = worker.last_rss
             self._failure(pool, job, verdict.error_kind, verdict.message, peak, now - job.started)
+            pool.job_took(now - job.started)
         elif verdict.action == "release":
             self.releases.append(job.claimed.lease)
         else:
@@ -277,9 +337,21 @@ class Dispatcher:
 
     # ---- writing back ------------------------------------------------------------------
 
-    def flush(self, now: float) -> None:
-        """Write buffered acks, failures and releases (each list one call)."""
+    def flush(self, now: float, *, force: bool = False) -> None:
+        """Write buffered acks, failures and releases (each list one call). Acks alone wait
+        up to ``ACK_WAIT`` for company (a busy pool finishes jobs one at a time, and one
+        write for many is what makes short jobs cheap), unless ``force``d or a pool under a
+        fleet-wide cap is waiting for the room they free."""
         if now < self.store_retry_at or not (self.acks or self.fails or self.releases):
+            return
+        if not (
+            force
+            or self.fails
+            or self.releases
+            or len(self.acks) >= ACK_BATCH
+            or now >= self.acks_due
+            or any(_limits(self.pools[name].config).capped for name in self.freed)
+        ):
             return
         try:
             if self.acks:
@@ -329,11 +401,17 @@ class Dispatcher:
                 len(deferred),
             )
 
-    def release_buffered(self) -> None:
-        """Hand back every job claimed but not started (drain)."""
+    def release_unstarted(self) -> None:
+        """Hand back every job claimed but not started (drain): those in the buffer at once;
+        those queued in workers as the workers return them (``Returned``), or when they exit."""
         for queue in self.buffer.values():
             self.releases.extend(item.claimed.lease for item in queue)
             queue.clear()
+        for pool in self.pools.values():
+            for worker in pool.workers.values():
+                if worker.queued and worker.kill_reason is None:
+                    with contextlib.suppress(OSError, TimeoutError):
+                        worker.send(protocol.Release(), timeout=0.0)
 
     @property
     def pending_writes(self) -> int:
@@ -358,7 +436,7 @@ class Dispatcher:
                     now,
                 )
         held = [w for w in held if w.kill_reason is None]
-        leases = [w.job.claimed.lease for w in held if w.job] + [
+        leases = [j.claimed.lease for w in held for j in w.jobs()] + [
             b.claimed.lease for b in self.buffer[pool.name]
         ]
         if not leases:
@@ -384,8 +462,15 @@ class Dispatcher:
             if job.claimed.lease in lost:
                 self.counters.lost_leases += 1
                 w.kill(KillReason("lease_lost", "its lease was taken over or expired"), now)
-            else:
-                job.lease_expires, job.extensions = now + lease, job.extensions + 1
+                continue
+            if any(q.claimed.lease in lost for q in w.queued):
+                # never start a job whose lease is gone: stop the worker before it does (its
+                # running job, still ours, is released; the others too)
+                self.counters.lost_leases += 1
+                w.kill(KillReason("retire", "a job queued on it lost its lease"), now)
+                continue
+            for j in w.jobs():
+                j.lease_expires, j.extensions = now + lease, j.extensions + 1
         kept = deque(b for b in self.buffer[pool.name] if b.claimed.lease not in lost)
         for b in kept:
             b.lease_expires, b.extensions = now + lease, b.extensions + 1
@@ -395,7 +480,9 @@ class Dispatcher:
         """Kill workers whose lease ran out without an extension (database unreachable)."""
         for pool in self.pools.values():
             for w in pool.busy():
-                if w.job is not None and w.kill_reason is None and now >= w.job.lease_expires:
+                if w.job is None or w.kill_reason is not None:
+                    continue
+                if now >= min(j.lease_expires for j in w.jobs()):
                     self.counters.lost_leases += 1
                     w.kill(
                         KillReason(

@@ -81,6 +81,7 @@ class Fleet:
         self.waker: Any = None
         self.next_waker_at = 0.0
         self.next_publish = 0.0
+        self.next_watchdog = 0.0
         self.reap_interval = min(10.0, max(0.5, min(p.lease for p in config.pools.values()) / 4))
         self.scaler = Scaler(
             store,
@@ -168,7 +169,7 @@ class Fleet:
             if not self.drain.active:
                 d.claim(pool, now)
                 d.assign(pool, now)
-        d.flush(now)
+        d.flush(now, force=self.drain.active)
         if not self.drain.active:
             d.reap(now, self.reap_interval)
             d.prune(now, self.config.retention)
@@ -183,10 +184,10 @@ class Fleet:
             *self.dispatcher.next_heartbeat.values(),
         ]
         if self.dispatcher.pending_writes:
-            due.append(self.dispatcher.store_retry_at)
+            due.append(max(self.dispatcher.acks_due, self.dispatcher.store_retry_at))
         for pool in self.pools.values():
             if pool.busy():
-                due.append(now + watchdog.PERIOD)
+                due.append(self.next_watchdog)
             if pool.idle() and not self.drain.active:
                 due.append(max(pool.next_poll_at, self.dispatcher.store_retry_at))
             if pool.live() < pool.target:
@@ -280,6 +281,10 @@ class Fleet:
         self.set_title()
 
     def run_watchdog(self, now: float) -> None:
+        """Every ``watchdog.PERIOD``, not every pass: a busy fleet passes far more often."""
+        if now < self.next_watchdog:
+            return
+        self.next_watchdog = now + watchdog.PERIOD
         workers = [w for p in self.pools.values() for w in p.busy()]
         configs = {name: pool.config for name, pool in self.pools.items()}
         for worker, reason in watchdog.inspect(workers, configs, now):
@@ -300,17 +305,17 @@ class Fleet:
     # ---- draining and stopping ---------------------------------------------------------
 
     def begin_drain(self, now: float) -> None:
-        self.dispatcher.release_buffered()
+        self.dispatcher.release_unstarted()
         for pool in self.pools.values():
             pool.target = 0
-            for worker in pool.workers.values():
-                if worker.state in ("idle", "starting"):
-                    worker.kill(KillReason("drain", "idle worker stopped by the drain"), now)
 
     def advance_drain(self, now: float) -> None:
         if not self.drain.active:
             return
         workers = [w for p in self.pools.values() for w in p.workers.values()]
+        for worker in workers:  # at the start, and each busy one as its job ends
+            if worker.state in ("idle", "starting") and worker.kill_reason is None:
+                worker.kill(KillReason("drain", "idle worker stopped by the drain"), now)
         busy = [w for w in workers if w.job is not None]
         before = self.drain.phase
         phase = self.drain.tick(now, len(busy), len(workers), self.dispatcher.pending_writes)

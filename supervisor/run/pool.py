@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import PoolConfig
-from supervisor.policy import respawn_delay
+from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
 from supervisor.run.workerproc import WorkerHandle
 from workers.runtime import WorkerSpec
 
@@ -32,6 +32,7 @@ class Pool:
     next_spawn_at: float = 0.0
     empty_claims: int = 0  # claims in a row that came back short (adaptive polling)
     next_poll_at: float = 0.0
+    recent_duration: float | None = None  # handler time of recent jobs (policy.recent_duration)
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -49,6 +50,17 @@ class Pool:
 
     def busy(self) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state == "busy"]
+
+    def depth(self) -> int:
+        """Jobs one worker may hold (policy.pipeline_depth). 1 under a fleet-wide cap: a
+        queued job holds a lease, and so a place under the cap, without running."""
+        c = self.config
+        if c.max_inflight or c.tenant_max_inflight or c.kind_max_inflight:
+            return 1
+        return pipeline_depth(self.recent_duration, c.pipeline)
+
+    def job_took(self, duration: float) -> None:
+        self.recent_duration = recent_duration(self.recent_duration, duration)
 
     def live(self) -> int:
         """Workers that count towards the target (not those being killed)."""

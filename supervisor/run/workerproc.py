@@ -4,9 +4,12 @@ A worker is a forked child running ``workers.runtime.main`` on one end of a sock
 parent writes ``RunJob`` frames and reads results from the other end, non-blocking, through the
 loop. States::
 
-    starting ──Ready──> idle ──RunJob──> busy ──JobDone/JobFailed──> idle
+    starting ──Ready──> idle ──RunJob──> busy ──last result──> idle
         │                 │                │
         └─────────────────┴──── exit ──────┴──> gone (reaped; the pool decides on a new one)
+
+A busy worker holds ``job`` (the one it runs, or is about to) and, when the pool pipelines,
+``queued``: jobs sent behind it, not started, run in order. A result promotes the next.
 
 Every field is owned by the supervisor's main thread.
 """
@@ -14,12 +17,14 @@ Every field is owned by the supervisor's main thread.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import psutil
@@ -32,14 +37,15 @@ from workers.runtime import WorkerSpec
 
 @dataclass
 class InFlight:
-    """A job sent to a worker. Times are monotonic seconds."""
+    """A job sent to a worker. Times are monotonic seconds; a queued job's ``started`` and
+    ``deadline`` are set when it becomes the worker's current job."""
 
     claimed: Claimed
     started: float
-    deadline: float  # wall-clock timeout, as a monotonic instant
+    deadline: float  # wall-clock timeout, as a monotonic instant (inf while queued)
     lease_expires: float  # when our lease runs out unless extended (monotonic)
     extensions: int = 0
-    started_ack: bool = False  # the worker said Started: the handler was called
+    size: int = 0  # bytes of its RunJob frame, while it is queued
 
 
 @dataclass
@@ -50,12 +56,15 @@ class WorkerHandle:
     sock: socket.socket
     spawned_at: float
     state: str = "starting"  # starting, idle, busy, stopping
-    job: InFlight | None = None
+    job: InFlight | None = None  # the job it runs (or starts next)
+    queued: deque[InFlight] = field(default_factory=deque)  # sent behind ``job``, not started
+    queued_bytes: int = 0  # frame bytes of ``queued``: bounded so a send never waits on them
     kill_reason: KillReason | None = None
     soft_signalled_at: float | None = None  # SoftTimeout sent to the running job
     killed_at: float | None = None
     last_rss: int | None = None
     jobs_done: int = 0
+    recycling: bool = False  # it said Recycling: it exits now, starting nothing more
     reader: protocol.FrameReader = field(default_factory=protocol.FrameReader)
     proc: psutil.Process | None = None
 
@@ -67,11 +76,74 @@ class WorkerHandle:
     def name(self) -> str:
         return f"{self.pool}#{self.slot}"
 
+    def held(self) -> int:
+        """Jobs sent to this worker and not finished: the current one and those queued."""
+        return (self.job is not None) + len(self.queued)
+
+    def jobs(self) -> Iterator[InFlight]:
+        """The current job, then the queued ones."""
+        if self.job is not None:
+            yield self.job
+        yield from self.queued
+
+    def room(self, depth: int, max_jobs: int | None) -> int:
+        """How many more jobs it may be sent: up to ``depth`` held at once, and none past
+        its recycle after ``max_jobs`` (those would only come back)."""
+        if self.state not in ("idle", "busy") or self.kill_reason is not None:
+            return 0
+        limit = depth if max_jobs is None else min(depth, max_jobs - self.jobs_done)
+        return limit - self.held()
+
+    def take(self, job: InFlight, size: int, now: float, timeout: float) -> None:
+        """Record a job just sent (``size`` bytes of frame): it becomes current if there is
+        none, else it queues."""
+        if self.job is None:
+            self.start(job, now, timeout)
+        else:
+            job.deadline = math.inf
+            job.size = size
+            self.queued.append(job)
+            self.queued_bytes += size
+
+    def start(self, job: InFlight, now: float, timeout: float) -> None:
+        """``job`` becomes the current one, its timeout counted from now."""
+        job.started, job.deadline = now, now + timeout
+        self.job = job
+        self.state = "busy" if self.state == "idle" else self.state
+
+    def finished(self, now: float, timeout: float) -> None:
+        """The current job ended (a result, or handed back): the next queued one starts."""
+        self.job = None
+        self.soft_signalled_at = None
+        if self.queued:
+            job = self.queued.popleft()
+            self.queued_bytes -= job.size
+            self.start(job, now, timeout)
+        elif self.state == "busy":
+            self.state = "idle"
+
+    def returned(self, job_id: int, now: float, timeout: float) -> InFlight | None:
+        """The worker handed ``job_id`` back unstarted (``Returned``): forget it here."""
+        if self.job is not None and self.job.claimed.job_id == job_id:
+            job = self.job
+            self.finished(now, timeout)
+            return job
+        for job in self.queued:
+            if job.claimed.job_id == job_id:
+                self.queued.remove(job)
+                self.queued_bytes -= job.size
+                return job
+        return None
+
     def send(self, msg: protocol.Message, timeout: float = 10.0) -> None:
-        """Write one frame. A worker is only sent a job when it is idle and reading, so this
-        waits only while a large payload drains; a worker that reads nothing for ``timeout``
-        seconds is broken (``TimeoutError``)."""
-        data = memoryview(protocol.encode(msg))
+        """Write one frame (see ``send_bytes``)."""
+        self.send_bytes(protocol.encode(msg), timeout)
+
+    def send_bytes(self, frames: bytes, timeout: float = 10.0) -> None:
+        """Write encoded frames. The socket's buffer takes a pipeline of small jobs at once,
+        so this waits only while a large payload drains; a worker that reads nothing for
+        ``timeout`` seconds is broken (``TimeoutError``)."""
+        data = memoryview(frames)
         while data:
             try:
                 data = data[os.write(self.fd, data) :]

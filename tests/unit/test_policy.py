@@ -19,7 +19,9 @@ from supervisor.model import ErrorKind
 from supervisor.policy import (
     KillReason,
     backoff_cap,
+    pipeline_depth,
     poll_delay,
+    recent_duration,
     respawn_delay,
     retry_delay,
 )
@@ -193,3 +195,32 @@ def test_the_parents_kill_reason_wins_over_the_status(
 ) -> None:
     verdict = classify_exit(status, reason)
     assert (verdict.action, verdict.error_kind, verdict.message) == (action, kind, message)
+
+
+@pytest.mark.parametrize(
+    ("recent", "limit", "depth"),
+    [
+        (None, 32, 1),  # nothing measured yet: never queue
+        (0.0, 32, 32),  # no-op jobs: up to the pool's limit
+        (0.00005, 32, 20),  # 50 µs + the worker's own ~50 µs: 2 ms hold 20
+        (0.0005, 32, 3),
+        (0.002, 32, 1),  # a few milliseconds: one at a time
+        (5.0, 32, 1),
+        (0.0, 1, 1),  # pipeline = 1 turns it off
+        (0.0, 4, 4),
+    ],
+)
+def test_pipeline_depth(recent: float | None, limit: int, depth: int) -> None:
+    assert pipeline_depth(recent, limit) == depth
+
+
+def test_recent_duration_rises_at_once_and_falls_slowly() -> None:
+    est = recent_duration(None, 0.0001)
+    assert est == 0.0001
+    est = recent_duration(est, 2.0)  # one slow job: queueing stops at once
+    assert est == 2.0 and pipeline_depth(est, 32) == 1
+    fast = 0
+    while pipeline_depth(est, 32) == 1:
+        est = recent_duration(est, 0.0001)
+        fast += 1
+    assert 100 < fast < 300  # ...and resumes only after a long run of fast jobs

@@ -19,9 +19,10 @@ from workers.protocol import (
     ProtocolError,
     Ready,
     Recycling,
+    Release,
+    Returned,
     RunJob,
     Shutdown,
-    Started,
 )
 
 ALL = [
@@ -29,7 +30,8 @@ ALL = [
     Ping(7),
     Shutdown(),
     Ready(4321),
-    Started(1234),
+    Release(),
+    Returned(1234),
     JobDone(1234, '{"pages": 3}', 0.25, 104_857_600),
     JobDone(1234, "null", 0.0, None),
     JobFailed(1234, "memory_limit", "MemoryError: refused", "  File x, line 1", 1.5, 1 << 30),
@@ -105,7 +107,7 @@ def test_encode_refuses_a_frame_over_the_limit() -> None:
         body({"v": 1, "type": "Ping", "seq": "1"}),
         body({"v": 1, "type": "Ping", "seq": True}),
         body({"v": 1, "type": "Pong", "seq": 1, "rss": 1.5}),
-        body({"v": 1, "type": "Started", "job_id": None}),
+        body({"v": 1, "type": "Returned", "job_id": None}),
         body(
             {
                 "v": 1,

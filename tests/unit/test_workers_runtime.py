@@ -25,7 +25,7 @@ from workers import JobContext, current_job, exitcodes, limits, protocol
 from workers.context import bind, unbind
 from workers.errors import HandlerImportError
 from workers.handlers import load_handlers, resolve
-from workers.protocol import JobDone, JobFailed, Ping, Pong, Ready, Recycling, RunJob, Started
+from workers.protocol import JobDone, JobFailed, Ping, Pong, Ready, Recycling, RunJob
 from workers.runtime import WorkerSpec, main
 
 MIB = 1024 * 1024
@@ -47,6 +47,11 @@ KINDS = [
     "fork_children",
 ]
 HANDLERS = load_handlers({k: f"tests.support.handlers:{k}" for k in KINDS})
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
 
 
 class Worker:
@@ -90,17 +95,22 @@ class Worker:
         return self.inbox.popleft()
 
     def run(self, kind: str, payload: Any = None, attempt: int = 1) -> protocol.Message:
-        """Send one job, check Started, and return its JobDone or JobFailed."""
+        """Send one job and return its JobDone or JobFailed."""
         job_id = self.next_id
         self.next_id += 1
         body = json.dumps({} if payload is None else payload)
         self.send(RunJob(job_id, kind, body, attempt, time.time() + 60, f"tok-{job_id}"))
         first = self.recv()
-        if isinstance(first, Started):
-            assert first.job_id == job_id
-            first = self.recv()
         assert isinstance(first, JobDone | JobFailed) and first.job_id == job_id, first
         return first
+
+    def wait_running(self, job_id: int, timeout: float = 5.0) -> None:
+        """Until the worker's title says it runs ``job_id`` (set just before the handler)."""
+        deadline = time.monotonic() + timeout
+        while f"job={job_id} ".encode() not in _cmdline(self.pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} did not start")
+            time.sleep(0.002)
 
     def ready(self) -> Ready:
         msg = self.recv()
@@ -298,7 +308,7 @@ def test_sigterm_and_sigint_are_ignored_even_mid_job(spawn: Callable[..., Worker
     w = spawn()
     w.ready()
     w.send(RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
-    assert w.recv() == Started(1)
+    w.wait_running(1)
     os.kill(w.pid, signal.SIGTERM)
     os.kill(w.pid, signal.SIGINT)
     done = w.recv()
@@ -321,7 +331,6 @@ def test_a_handler_that_exits_takes_the_worker_with_it(spawn: Callable[..., Work
     w = spawn()
     w.ready()
     w.send(RunJob(1, "crash_exit", json.dumps({"code": 3}), 1, time.time() + 60, "t"))
-    assert w.recv() == Started(1)
     assert w.wait_exit() == 3
 
 
@@ -472,7 +481,6 @@ def test_soft_timeout_signal_raises_inside_the_handler_only(spawn: Callable[...,
     w = spawn()
     w.ready()
     w.send(protocol.RunJob(1, "sleep", json.dumps({"seconds": 30}), 1, time.time() + 60, "t"))
-    assert isinstance(w.recv(), protocol.Started)
     failed = None
     while failed is None:  # a signal sent before the handler starts is dropped as stale
         os.kill(w.pid, protocol.SOFT_TIMEOUT_SIGNAL)
@@ -481,6 +489,38 @@ def test_soft_timeout_signal_raises_inside_the_handler_only(spawn: Callable[...,
     assert isinstance(failed, protocol.JobFailed) and failed.error_kind == protocol.TIMEOUT
     os.kill(w.pid, protocol.SOFT_TIMEOUT_SIGNAL)  # between jobs: blocked, then dropped
     w.send(protocol.RunJob(2, "echo", json.dumps({"a": 1}), 1, time.time() + 60, "t"))
-    assert isinstance(w.recv(), protocol.Started)
     done = w.recv()
     assert isinstance(done, protocol.JobDone) and json.loads(done.result) == {"a": 1}
+
+
+def test_jobs_sent_ahead_run_in_order(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    frames = b"".join(
+        protocol.encode(RunJob(i, "echo", json.dumps({"n": i}), 1, time.time() + 60, "t"))
+        for i in range(1, 6)
+    )
+    w.sock.sendall(frames)  # one write: the worker reads them all at once
+    results = [w.recv() for _ in range(5)]
+    assert [(r.job_id, json.loads(r.result)) for r in results if isinstance(r, JobDone)] == [
+        (i, {"n": i}) for i in range(1, 6)
+    ]
+
+
+def test_release_hands_back_the_jobs_not_started(spawn: Callable[..., Worker]) -> None:
+    w = spawn()
+    w.ready()
+    w.send(RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
+    w.send(RunJob(2, "echo", json.dumps({}), 1, time.time() + 60, "t"))
+    w.send(Ping(5))
+    w.send(RunJob(3, "echo", json.dumps({}), 1, time.time() + 60, "t"))
+    w.wait_running(1)
+    w.send(protocol.Release())
+    got = [w.recv() for _ in range(4)]
+    # job 1 finishes; 2 and 3 come back unstarted; the Ping between them is still answered
+    assert isinstance(got[0], JobDone) and got[0].job_id == 1
+    assert got[1:3] == [protocol.Returned(2), protocol.Returned(3)]
+    assert isinstance(got[3], Pong) and got[3].seq == 5
+    w.send(RunJob(4, "echo", json.dumps({"a": 4}), 1, time.time() + 60, "t"))
+    done = w.recv()
+    assert isinstance(done, JobDone) and done.job_id == 4  # and it takes new work after

@@ -1,0 +1,98 @@
+"""Pipelining: a pool of short jobs sends each worker several jobs ahead. Jobs queued in a
+worker behind its running one were never started, so every way out hands them back unstarted
+and uncounted: a drain (``Release``), a worker's death, a worker's recycle."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from supervisor.model import ErrorKind, JobState
+from tests.integration.fleet import Harness, handlers
+
+pytestmark = pytest.mark.slow
+
+GRACE = 10.0
+
+
+def quick_pool(**extra: Any) -> dict[str, dict[str, Any]]:
+    """One worker that pipelines up to 8 jobs once it has seen short ones."""
+    pool = {
+        "handlers": handlers("noop", "sleep", "crash_exit"),
+        "min_workers": 1,
+        "max_workers": 1,
+        "pipeline": 8,
+        "lease": "5s",
+        "retry_backoff": "0.1s",
+        "retry_backoff_max": "0.2s",
+    }
+    return {"quick": pool | extra}
+
+
+def warm_up(fleet: Harness) -> None:
+    """Run short jobs first: the pool pipelines only once it has measured its jobs as short."""
+    assert fleet.client is not None
+    fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(20)]))
+
+
+def test_a_drain_hands_back_the_jobs_queued_behind_a_running_one(fleet: Harness) -> None:
+    fleet.configure(quick_pool(), grace_period=f"{GRACE}s")
+    a = fleet.start("node-a")
+    warm_up(fleet)
+    log = {"log": str(fleet.exec_log)}
+    assert fleet.client is not None
+    ids = fleet.client.enqueue_many(
+        [("sleep", {"seconds": 3.0, **log})] + [("noop", log) for _ in range(5)]
+    )
+    slow, queued = ids[0], ids[1:]
+    # one worker, no prefetch: all six leased means the five were sent behind the sleep
+    fleet.wait_state(ids, JobState.LEASED)
+    a.wait_workers(fleet.store, "quick", 1, "busy")
+
+    start = time.monotonic()
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(timeout=GRACE + 5) == 0
+    took = time.monotonic() - start
+    # the worker ended its job, returned the five unstarted, and was stopped at once: the
+    # drain did not sit out its grace period
+    assert took < GRACE, f"exited {took:.2f}s after SIGTERM (grace {GRACE}s)"
+    assert fleet.job(slow).state is JobState.DONE
+    for job in fleet.jobs(queued):
+        assert job.state is JobState.QUEUED and job.attempts == 0, job
+        assert job.owner is None and job.locked_until is None, job
+    assert not [r for r in fleet.executions() if r["job"] in queued]  # none of them ran
+
+
+def test_jobs_queued_behind_one_that_crashes_run_once_elsewhere(fleet: Harness) -> None:
+    fleet.configure(quick_pool(max_deliveries=1))
+    fleet.start("node-a")
+    warm_up(fleet)
+    log = {"log": str(fleet.exec_log)}
+    assert fleet.client is not None
+    ids = fleet.client.enqueue_many(
+        [("crash_exit", {"code": 3, **log})] + [("noop", log) for _ in range(5)]
+    )
+    jobs = fleet.wait_final(ids)
+    crashed, rest = jobs[0], jobs[1:]
+    assert crashed.state is JobState.DEAD and crashed.error_kind is ErrorKind.CRASHED
+    assert crashed.attempts == 1
+    for job in rest:  # released by the worker's death, not counted, then run once
+        assert job.state is JobState.DONE and job.attempts == 1, job
+        assert len(fleet.executions(job.id)) == 1
+
+
+def test_a_recycling_worker_is_sent_nothing_past_its_last_job(fleet: Harness) -> None:
+    fleet.configure(quick_pool(max_jobs_per_worker=3))
+    fleet.start("node-a")
+    warm_up(fleet)
+    log = {"log": str(fleet.exec_log)}
+    assert fleet.client is not None
+    ids = fleet.client.enqueue_many([("noop", log) for _ in range(30)])
+    jobs = fleet.wait_final(ids)
+    assert all(j.state is JobState.DONE and j.attempts == 1 for j in jobs)
+    runs = fleet.executions()
+    assert sorted(r["job"] for r in runs) == sorted(ids)  # each exactly once
+    assert len({r["pid"] for r in runs}) >= 10  # three jobs a worker
