@@ -154,10 +154,11 @@ def _throughput(client: Client, ids: list[int], parent: psutil.Process) -> tuple
         if first_done is None and client.get(ids[0]).state is JobState.DONE:
             first_done = (_cpu(parent), _done(client))
         time.sleep(0.05)
-    end = (_cpu(parent), _done(client))
-    start = first_done or (0.0, 0)
-    cpu_per_job = (end[0] - start[0]) / max(1, end[1] - start[1])
+    cpu_end = _cpu(parent)
     jobs = client.store.list_jobs(limit=len(ids) + 10)
+    done_end = sum(1 for j in jobs if j.state is JobState.DONE)  # stats() caps its counts
+    start = first_done or (0.0, 0)
+    cpu_per_job = (cpu_end - start[0]) / max(1, done_end - start[1])
     first = min(j.started_at for j in jobs if j.started_at)
     last = max(j.finished_at for j in jobs if j.finished_at)
     return len(jobs) / (last - first), cpu_per_job
