@@ -246,9 +246,9 @@ class Fleet:
             self.loop.unwatch(worker.fd)
             return
         self.pinger.on_messages(worker, messages, now)
-        if self.memcg.check_results(worker, messages, now):
-            return  # a process of its job was OOM-killed: stopped for memory_limit
-        for msg in messages:
+        for msg in messages:  # in order: a result makes the next job of a pipeline current
+            if isinstance(msg, protocol.JobFailed) and self.memcg.failed_by_oom(worker, now):
+                return  # a process of its job was OOM-killed: stopped for memory_limit
             self.dispatcher.on_message(worker, msg, now)
 
     def reap_children(self, now: float) -> None:

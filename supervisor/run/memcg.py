@@ -27,7 +27,7 @@ switch, so the victim may be one subprocess while the worker survives. Either wa
 
 - the worker itself was killed: ``worker_exited`` finds the OOM kill in the cgroup's counter
   (v1 ``memory.oom_control`` / v2 ``memory.events``: ``oom_kill N``) and gives it a KillReason;
-- a subprocess was killed: ``inspect`` (every watchdog period) or ``check_results`` (before a
+- a subprocess was killed: ``inspect`` (every watchdog period) or ``failed_by_oom`` (before a
   JobFailed is believed: the handler usually fails *because* its child was killed) sees the
   counter rise and kills the worker's process group with reason ``memory_limit``.
 
@@ -56,7 +56,7 @@ from supervisor.policy import KillReason
 from supervisor.run.watchdog import PERIOD
 from supervisor.run.workerproc import WorkerHandle
 from supervisor.units import format_size
-from workers import limits, protocol
+from workers import limits
 
 log = logging.getLogger("fleetd.memcg")
 
@@ -240,20 +240,14 @@ class MemoryCgroups:
         if self.pending:
             self._sweep(now)
 
-    def check_results(
-        self, worker: WorkerHandle, messages: list[protocol.Message], now: float
-    ) -> bool:
+    def failed_by_oom(self, worker: WorkerHandle, now: float) -> bool:
         """Before a busy worker's JobFailed is believed: if the kernel OOM-killed a process in
         its cgroup, the failure is that kill's consequence. The worker is then stopped with
-        reason memory_limit and True returned: the caller drops the frames. Not done for
-        JobDone (a result is a result, and this keeps the hot path free of cgroup reads)."""
+        reason memory_limit and True returned: the caller drops that frame and the ones after
+        it. Not asked for JobDone (a result is a result, and this keeps the hot path free of
+        cgroup reads)."""
         cg = self.cgroups.get(worker.pid)
-        job = worker.job
-        if cg is None or job is None or worker.kill_reason is not None:
-            return False
-        if not any(
-            isinstance(m, protocol.JobFailed) and m.job_id == job.claimed.job_id for m in messages
-        ):
+        if cg is None or worker.job is None or worker.kill_reason is not None:
             return False
         return self._kill_on_oom(worker, cg, now)
 

@@ -21,7 +21,7 @@ GRACE = 10.0
 def quick_pool(**extra: Any) -> dict[str, dict[str, Any]]:
     """One worker that pipelines up to 8 jobs once it has seen short ones."""
     pool = {
-        "handlers": handlers("noop", "sleep", "crash_exit"),
+        "handlers": handlers("noop", "sleep", "crash_exit", "gradual_bomb"),
         "min_workers": 1,
         "max_workers": 1,
         "pipeline": 8,
@@ -96,3 +96,25 @@ def test_a_recycling_worker_is_sent_nothing_past_its_last_job(fleet: Harness) ->
     runs = fleet.executions()
     assert sorted(r["job"] for r in runs) == sorted(ids)  # each exactly once
     assert len({r["pid"] for r in runs}) >= 10  # three jobs a worker
+
+
+def test_a_memory_bomb_in_a_pipeline_is_the_job_that_fails(fleet: Harness) -> None:
+    # the watchdog reads the worker's RSS, and the parent may not have read the result of the
+    # job before the bomb yet: those frames are read before the kill is judged, so the bomb,
+    # not its predecessor, ends memory_limit
+    fleet.configure(quick_pool(memory_limit="256MiB", max_deliveries=1))
+    fleet.start("node-a")
+    warm_up(fleet)
+    log = {"log": str(fleet.exec_log)}
+    assert fleet.client is not None
+    ids = fleet.client.enqueue_many(
+        [("noop", log) for _ in range(3)]
+        + [("gradual_bomb", {"chunk_mib": 50, "interval": 0.02, **log})]
+        + [("noop", log) for _ in range(3)]
+    )
+    jobs = fleet.wait_final(ids)
+    bomb = jobs[3]
+    assert bomb.state is JobState.DEAD and bomb.error_kind is ErrorKind.MEMORY_LIMIT, bomb
+    for job in jobs[:3] + jobs[4:]:
+        assert job.state is JobState.DONE and job.attempts == 1, job
+        assert len(fleet.executions(job.id)) == 1
