@@ -298,7 +298,7 @@ class PoolConfig(BaseModel):
     )
     prefetch: Count = _key(0, "jobs claimed ahead of idle workers (each holds a lease meanwhile)")
     pipeline: Positive = _key(
-        32, "most jobs sent to one worker at once while the pool's jobs are sub-millisecond; 1: off"
+        64, "most jobs sent to one worker at once while the pool's jobs are sub-millisecond; 1: off"
     )
     user: Name = _key(
         None, "run workers as this user (fleetd must start as root)", example="fleetd"

@@ -67,7 +67,7 @@ def poll_delay(empty_claims: int) -> float:
     return min(POLL_MAX, POLL_MIN * 2.0 ** min(empty_claims, 20))
 
 
-PIPELINE_BUDGET = 0.002  # seconds of work a worker may hold queued behind its running job
+PIPELINE_BUDGET = 0.004  # seconds of work a worker may hold queued behind its running job
 JOB_OVERHEAD = 50e-6  # a worker's own time per job besides the handler (measured: ~40-60 µs)
 
 
@@ -78,10 +78,10 @@ def pipeline_depth(recent_duration: float | None, limit: int) -> int:
     job; but a queued job waits for those ahead of it, and if one of them hangs, until its
     timeout. So only as many as ``recent_duration`` (the pool's recent handler time, rising at
     once on a slow job, falling slowly) says run in ``PIPELINE_BUDGET``: short jobs queue up
-    to ``limit``, jobs of a few milliseconds or more (or not measured yet) never.
+    to ``limit``, jobs of 4 ms or more (or not measured yet) never.
 
-    >>> [pipeline_depth(d, 32) for d in (None, 0.0, 0.00005, 0.0005, 0.002, 1.0)]
-    [1, 32, 20, 3, 1, 1]
+    >>> [pipeline_depth(d, 64) for d in (None, 0.0, 0.00005, 0.0005, 0.004, 1.0)]
+    [1, 64, 40, 7, 1, 1]
     """
     if recent_duration is None or limit <= 1:
         return 1

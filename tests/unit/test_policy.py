@@ -200,12 +200,12 @@ def test_the_parents_kill_reason_wins_over_the_status(
 @pytest.mark.parametrize(
     ("recent", "limit", "depth"),
     [
-        (None, 32, 1),  # nothing measured yet: never queue
-        (0.0, 32, 32),  # no-op jobs: up to the pool's limit
-        (0.00005, 32, 20),  # 50 µs + the worker's own ~50 µs: 2 ms hold 20
-        (0.0005, 32, 3),
-        (0.002, 32, 1),  # a few milliseconds: one at a time
-        (5.0, 32, 1),
+        (None, 64, 1),  # nothing measured yet: never queue
+        (0.0, 64, 64),  # no-op jobs: up to the pool's limit
+        (0.00005, 64, 40),  # 50 µs + the worker's own ~50 µs: 4 ms hold 40
+        (0.0005, 64, 7),
+        (0.004, 64, 1),  # a few milliseconds: one at a time
+        (5.0, 64, 1),
         (0.0, 1, 1),  # pipeline = 1 turns it off
         (0.0, 4, 4),
     ],
@@ -218,9 +218,9 @@ def test_recent_duration_rises_at_once_and_falls_slowly() -> None:
     est = recent_duration(None, 0.0001)
     assert est == 0.0001
     est = recent_duration(est, 2.0)  # one slow job: queueing stops at once
-    assert est == 2.0 and pipeline_depth(est, 32) == 1
+    assert est == 2.0 and pipeline_depth(est, 64) == 1
     fast = 0
-    while pipeline_depth(est, 32) == 1:
+    while pipeline_depth(est, 64) == 1:
         est = recent_duration(est, 0.0001)
         fast += 1
     assert 100 < fast < 300  # ...and resumes only after a long run of fast jobs
