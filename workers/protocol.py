@@ -299,6 +299,19 @@ class FrameReader:
             out.append(decode_body(body))
         return out
 
+    def drain(self, fd: int, bufsize: int = 65536) -> tuple[list[Message], bool]:
+        """Everything a non-blocking fd holds now, decoded, and whether it reached EOF. (A
+        pipelining worker that exits can leave more than one read's worth behind it.)"""
+        out: list[Message] = []
+        while True:
+            try:
+                data = os.read(fd, bufsize)
+            except BlockingIOError:
+                return out, False
+            if not data:
+                return out, True
+            out.extend(self.feed(data))
+
     def read(self, fd: int, bufsize: int = 65536) -> list[Message] | None:
         """One ``os.read`` from a non-blocking fd, decoded; [] if nothing was ready, None at EOF."""
         try:

@@ -32,7 +32,7 @@ from supervisor.config import PoolConfig
 from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ClaimLimits, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
-from supervisor.policy import KillReason, poll_delay, retry_delay
+from supervisor.policy import PIPELINE_BUDGET, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import classify_exit
 from supervisor.run.pool import Pool
@@ -161,14 +161,10 @@ class Dispatcher:
         c = pool.config
         depth = pool.depth()
         workers = pool.workers
-        # a worker that still has work is topped up only once half its room is free: one
-        # write (and one wake-up) then carries many jobs
-        room = {
-            pid: r
-            if (r := w.room(depth, c.max_jobs_per_worker)) * 2 >= depth or not w.held()
-            else 0
-            for pid, w in workers.items()
-        }
+        # a worker that still has work is topped up only once half its room is free (one
+        # write, one wake-up, many jobs), and not at all behind a job that has run longer
+        # than the pipeline's budget: that job is not short, whatever the last ones were
+        room = {pid: self._room(w, depth, c.max_jobs_per_worker, now) for pid, w in workers.items()}
         ahead = {pid: w.held() for pid, w in workers.items()}
         queued_bytes = {pid: w.queued_bytes for pid, w in workers.items()}
         sends: dict[int, list[tuple[Buffered, bytes]]] = {}
@@ -180,11 +176,17 @@ class Dispatcher:
             pid = min(open_, key=ahead.__getitem__)
             item = queue[0]
             cl = item.claimed
-            frame = protocol.encode(
-                protocol.RunJob(
-                    cl.job_id, cl.kind, cl.payload, cl.attempt, wall + c.timeout, cl.lease.token
+            try:
+                frame = protocol.encode(
+                    protocol.RunJob(
+                        cl.job_id, cl.kind, cl.payload, cl.attempt, wall + c.timeout, cl.lease.token
+                    )
                 )
-            )
+            except protocol.FrameTooLarge as exc:  # no worker could ever take it
+                queue.popleft()
+                never = InFlight(cl, now, now, item.lease_expires, item.extensions)
+                self._failure(pool, never, ErrorKind.PERMANENT, f"cannot be sent: {exc}", None, 0.0)
+                continue
             if ahead[pid] and queued_bytes[pid] + len(frame) > PIPELINE_BYTES:
                 room[pid] = 0  # full for now (a worker with nothing ahead takes any size)
                 continue
@@ -198,14 +200,29 @@ class Dispatcher:
             worker = workers[pid]
             try:
                 worker.send_bytes(b"".join(frame for _, frame in items))
-            except (OSError, TimeoutError):
+            except TimeoutError:
                 queue.extendleft(item for item, _ in reversed(items))
-                # the worker is dying; its exit is handled on reap
                 worker.kill(KillReason("retire", "worker stopped reading"), now)
+                continue
+            except OSError:
+                # its end is closed: it is exiting (its current job may have crashed it), and
+                # the exit decides that job's fate; nothing more is sent to it
+                queue.extendleft(item for item, _ in reversed(items))
+                worker.state = "stopping"
                 continue
             for item, frame in items:
                 job = InFlight(item.claimed, now, math.inf, item.lease_expires, item.extensions)
                 worker.take(job, len(frame), now, c.timeout)
+
+    @staticmethod
+    def _room(worker: WorkerHandle, depth: int, max_jobs: int | None, now: float) -> int:
+        room = worker.room(depth, max_jobs)
+        job = worker.job
+        if job is None:
+            return room
+        if room * 2 < depth or now - job.started > PIPELINE_BUDGET:
+            return 0
+        return room
 
     # ---- results and exits -------------------------------------------------------------
 
@@ -234,6 +251,13 @@ class Dispatcher:
             self._job_over(pool, worker, msg.duration, now)
         elif isinstance(msg, protocol.JobFailed) and job and job.claimed.job_id == msg.job_id:
             kind = ErrorKind(msg.error_kind)
+            soft = worker.soft_target
+            if kind is ErrorKind.TIMEOUT and soft is not None and soft != msg.job_id:
+                # the SoftTimeout meant for the job before it, whose result was already on
+                # its way, landed in this one: not its failure
+                self.releases.append(job.claimed.lease)
+                self._job_over(pool, worker, msg.duration, now)
+                return
             message = msg.message
             if kind is ErrorKind.TIMEOUT:
                 message = (
@@ -273,12 +297,18 @@ class Dispatcher:
         if worker.recycling and code == exitcodes.RECYCLE:
             self.releases.append(job.claimed.lease)  # never started: hand it back untouched
             return
+        if worker.kill_reason is not None and worker.kill_target != job.claimed.job_id:
+            # killed for the job before it (a timeout, a lost lease, memory), whose result
+            # was already in the socket: this one is not to blame
+            self.releases.append(job.claimed.lease)
+            return
         verdict = classify_exit(status, worker.kill_reason)
         if verdict.action == "fail":
             assert verdict.error_kind is not None
             peak = worker.last_rss
-            self._failure(pool, job, verdict.error_kind, verdict.message, peak, now - job.started)
-            pool.job_took(now - job.started)
+            took = max(0.0, now - job.started)
+            self._failure(pool, job, verdict.error_kind, verdict.message, peak, took)
+            pool.job_took(took)
         elif verdict.action == "release":
             self.releases.append(job.claimed.lease)
         else:

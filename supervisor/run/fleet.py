@@ -18,6 +18,7 @@ what they inherit from the parent before running a job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -234,22 +235,26 @@ class Fleet:
         if self.metrics is not None:
             self.metrics.close_in_child()
 
-    def read_worker(self, worker: WorkerHandle) -> None:
+    def read_worker(self, worker: WorkerHandle, now: float | None = None) -> None:
+        """Handle every frame the worker has written so far, in order (a result makes the next
+        job of a pipeline current)."""
         assert self.loop is not None
         try:
-            messages = worker.reader.read(worker.fd)
+            messages, eof = worker.reader.drain(worker.fd)
         except (protocol.ProtocolError, OSError) as exc:
             log.error("worker %s: broken frame: %s", worker.name, exc)
-            messages = None
-        now = self.clock.monotonic()
-        if messages is None:  # EOF: the worker is exiting; SIGCHLD brings its status
-            self.loop.unwatch(worker.fd)
-            return
+            messages, eof = [], True
+        now = self.clock.monotonic() if now is None else now
         self.pinger.on_messages(worker, messages, now)
-        for msg in messages:  # in order: a result makes the next job of a pipeline current
+        for msg in messages:
             if isinstance(msg, protocol.JobFailed) and self.memcg.failed_by_oom(worker, now):
-                return  # a process of its job was OOM-killed: stopped for memory_limit
+                # a process of its job was OOM-killed: the worker is stopped, and the failure
+                # is that kill's (the frames after it are still results of later jobs)
+                detail = worker.kill_reason.detail if worker.kill_reason else msg.message
+                msg = dataclasses.replace(msg, error_kind=protocol.MEMORY_LIMIT, message=detail)
             self.dispatcher.on_message(worker, msg, now)
+        if eof:  # the worker is exiting; SIGCHLD brings its status
+            self.loop.unwatch(worker.fd)
 
     def reap_children(self, now: float) -> None:
         while True:
@@ -267,7 +272,7 @@ class Fleet:
     def worker_exited(self, pool: Pool, worker: WorkerHandle, status: int, now: float) -> None:
         assert self.loop is not None
         booted = worker.state != "starting"
-        self.read_worker(worker)  # the last frames it wrote (a result may precede its death)
+        self.read_worker(worker, now)  # its last frames (results may precede its death)
         self.loop.unwatch(worker.fd)
         worker.sock.close()
         self.memcg.worker_exited(worker, status)  # a kernel OOM kill becomes memory_limit

@@ -60,7 +60,9 @@ class WorkerHandle:
     queued: deque[InFlight] = field(default_factory=deque)  # sent behind ``job``, not started
     queued_bytes: int = 0  # frame bytes of ``queued``: bounded so a send never waits on them
     kill_reason: KillReason | None = None
+    kill_target: int | None = None  # the job it ran when killed: the reason is about that job
     soft_signalled_at: float | None = None  # SoftTimeout sent to the running job
+    soft_target: int | None = None  # the job the SoftTimeout was meant for
     killed_at: float | None = None
     last_rss: int | None = None
     jobs_done: int = 0
@@ -164,6 +166,7 @@ class WorkerHandle:
     def soft_stop(self, now: float) -> None:
         """Ask the running handler to stop (``workers.SoftTimeout``); SIGKILL follows."""
         self.soft_signalled_at = now
+        self.soft_target = self.job.claimed.job_id if self.job else None
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, protocol.SOFT_TIMEOUT_SIGNAL)
 
@@ -172,6 +175,7 @@ class WorkerHandle:
         first reason sticks: it decides what happens to the job."""
         if self.kill_reason is None:
             self.kill_reason = reason
+            self.kill_target = self.job.claimed.job_id if self.job else None
             self.killed_at = now
         self.state = "stopping"
         if reason.kind in os.environ.get("FLEETD_TEST_NO_KILL", "").split(","):

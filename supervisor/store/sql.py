@@ -465,10 +465,13 @@ class SqlStore:
         the rows changed. SQLAlchemy would build each row's parameters in Python (~10 µs a
         row, most of a short job's ack); this hands them to the driver as they are, so it
         is only for statements whose parameters need no type processing."""
+        dbapi_error = conn.dialect.loaded_dbapi.Error
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             cursor.executemany(raw.sql, raw.rows(rows))
             return cursor.rowcount
+        except dbapi_error as exc:  # as SQLAlchemy would raise it, for _translated
+            raise sa_exc.DBAPIError.instance(raw.sql, None, exc, dbapi_error) from exc
         finally:
             cursor.close()
 

@@ -118,3 +118,17 @@ def test_a_memory_bomb_in_a_pipeline_is_the_job_that_fails(fleet: Harness) -> No
     for job in jobs[:3] + jobs[4:]:
         assert job.state is JobState.DONE and job.attempts == 1, job
         assert len(fleet.executions(job.id)) == 1
+
+
+def test_short_jobs_are_not_queued_behind_a_job_that_runs_long(fleet: Harness) -> None:
+    fleet.configure(quick_pool(min_workers=2, max_workers=2))
+    fleet.start("node-a")
+    warm_up(fleet)
+    assert fleet.client is not None
+    (slow,) = fleet.client.enqueue_many([("sleep", {"seconds": 3.0})])
+    fleet.wait_state([slow], JobState.LEASED)
+    # its worker may have room by count, but the running job is past the pipeline's budget:
+    # the short jobs go to the other worker and are done while it still runs
+    quick = fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(20)]))
+    assert fleet.job(slow).state is JobState.LEASED
+    assert all(j.state is JobState.DONE for j in quick)

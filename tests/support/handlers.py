@@ -227,3 +227,9 @@ def balloon(payload: Payload) -> int:
         time.sleep(float(payload.get("interval", 0.1)))
     time.sleep(float(payload.get("hold", 10.0)))
     return len(held) * step
+
+
+@recorded
+def sized(payload: Payload) -> str:
+    """Return a string of ``payload["chars"]`` characters (a result of that size)."""
+    return "x" * int(payload.get("chars", 0))

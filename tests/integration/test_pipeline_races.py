@@ -1,0 +1,95 @@
+"""Races of a pipeline that a real loop hits only by chance, driven step by step with an
+in-process fleet (tests/support/infleet.py: real workers, store and dispatcher; the test reads
+the workers' frames and runs the loop's steps itself). Each of these lost or misblamed a job
+before it was fixed."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.model import ErrorKind, JobState, NewJob
+from supervisor.run.fleet import Fleet
+from supervisor.store import Store
+from tests.integration.fleet import handlers
+from tests.support import infleet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def hand(tmp_path: Path) -> Iterator[tuple[Fleet, Store, Path]]:
+    made: list[Fleet] = []
+
+    def make(**pool: object) -> tuple[Fleet, Store]:
+        base = {"min_workers": 1, "max_workers": 1, "pipeline": 64, "lease": "30s"}
+        fleet, store = infleet.fleet_of(tmp_path, base | pool)
+        made.append(fleet)
+        return fleet, store
+
+    yield make  # type: ignore[misc]
+    for fleet in made:
+        infleet.stop_all(fleet)
+
+
+def job(kind: str, **payload: object) -> NewJob:
+    return NewJob(kind, "p", json.dumps(payload), 1)
+
+
+def test_every_result_a_worker_wrote_before_it_exited_is_read(hand, tmp_path: Path) -> None:
+    # 40 results of 3.5 KB: more than one read's worth is waiting when the worker recycles
+    fleet, store = hand(handlers=handlers("sized"), max_jobs_per_worker=40)
+    pool, worker = infleet.one_worker(fleet)
+    ids = store.enqueue_many([job("sized", chars=3500) for _ in range(40)])
+    now = fleet.clock.monotonic()
+    fleet.dispatcher.claim(pool, now)
+    fleet.dispatcher.assign(pool, now)
+    assert worker.held() == 40
+    infleet.wait_exited(worker.pid)  # it ran all 40 and recycled; nothing read meanwhile
+    fleet.reap_children(fleet.clock.monotonic())
+    fleet.dispatcher.flush(fleet.clock.monotonic(), force=True)
+    assert [store.get(i).state for i in ids] == [JobState.DONE] * 40
+
+
+def test_a_crash_is_a_crash_though_a_top_up_found_the_worker_gone(hand) -> None:
+    fleet, store = hand(handlers=handlers("crash_exit", "noop"), max_deliveries=1)
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+    (crash,) = store.enqueue_many([job("crash_exit", code=3)])
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)
+    infleet.wait_exited(worker.pid)  # it crashed after this pass reaped children
+    store.enqueue_many([job("noop")])
+    d.wake(pool)
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)  # the top-up meets a closed socket
+    fleet.reap_children(fleet.clock.monotonic())  # the next pass
+    d.flush(fleet.clock.monotonic(), force=True)
+    dead = store.get(crash)
+    assert dead is not None and dead.state is JobState.DEAD, dead
+    assert dead.error_kind is ErrorKind.CRASHED and dead.attempts == 1
+
+
+def test_a_timeout_decided_for_one_job_is_not_blamed_on_the_next(hand) -> None:
+    fleet, store = hand(handlers=handlers("sleep", "noop"), timeout="0.5s", max_deliveries=1)
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+    a, b = store.enqueue_many([job("sleep", seconds=0.55), job("sleep", seconds=5)])
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)
+    time.sleep(0.6)  # A finished just past its deadline; its result is not read yet
+    fleet.run_watchdog(fleet.clock.monotonic())
+    assert worker.kill_reason is not None and worker.kill_reason.kind == "timeout"
+    infleet.wait_exited(worker.pid)
+    fleet.reap_children(fleet.clock.monotonic())  # reads A's result, then the exit
+    d.flush(fleet.clock.monotonic(), force=True)
+    first, second = store.get(a), store.get(b)
+    assert first is not None and first.state is JobState.DONE  # its result was in time to read
+    assert second is not None and second.state is JobState.QUEUED and second.attempts == 0

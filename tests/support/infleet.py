@@ -1,0 +1,85 @@
+"""An in-process ``Fleet`` whose loop steps a test calls by hand, for races a real loop only
+hits by chance (a worker exiting between two steps of one pass, results left unread while a
+kill is decided). Everything else is real: the dispatcher, the store (a SQLite file), forked
+workers running ``workers.runtime``. Only the selector is replaced: ``HandLoop`` records what
+the fleet watches, and the test decides when a worker's frames are read."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import load_config
+from supervisor.imports import import_handlers
+from supervisor.run.fleet import Fleet
+from supervisor.run.pool import Pool
+from supervisor.run.workerproc import WorkerHandle
+from supervisor.store import Store, open_store
+from tests.integration.fleet import write_config
+
+
+class HandLoop:
+    """What ``Fleet`` asks of its loop, without a selector: the test reads workers itself."""
+
+    def __init__(self) -> None:
+        self.watched: dict[int, Callable[[], None]] = {}
+
+    def watch(self, fd: int, callback: Callable[[], None]) -> None:
+        self.watched[fd] = callback
+
+    def unwatch(self, fd: int) -> None:
+        self.watched.pop(fd, None)
+
+    def reset_in_child(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
+    """A fleet with one pool ``p`` on a fresh SQLite file; nothing forked yet."""
+    config = load_config(write_config(folder, f"sqlite:///{folder}/q.db", {"p": pool}))
+    store = open_store(config.database)
+    fleet = Fleet(config, store, import_handlers(config), node_id="hand")
+    fleet.loop = HandLoop()  # type: ignore[assignment]
+    return fleet, store
+
+
+def one_worker(fleet: Fleet, *, short_jobs: bool = True) -> tuple[Pool, WorkerHandle]:
+    """Fork the pool's one worker and wait for its Ready. ``short_jobs``: the pool has
+    measured its jobs as sub-millisecond, so it pipelines."""
+    pool = fleet.pools["p"]
+    if short_jobs:
+        pool.recent_duration = 0.0
+    fleet.fork(pool, fleet.clock.monotonic())
+    (worker,) = pool.workers.values()
+    deadline = time.monotonic() + 10
+    while worker.state == "starting":
+        ready, _, _ = select.select([worker.fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, "the worker did not say Ready"
+        fleet.read_worker(worker)
+    return pool, worker
+
+
+def wait_exited(pid: int, timeout: float = 10.0) -> None:
+    """Until the child has exited, without reaping it (the fleet's reap does that)."""
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker {pid} still running")
+        time.sleep(0.005)
+
+
+def stop_all(fleet: Fleet) -> None:
+    for pool in fleet.pools.values():
+        for worker in list(pool.workers.values()):
+            try:
+                os.kill(worker.pid, 9)
+                os.waitpid(worker.pid, 0)
+            except (OSError, ChildProcessError):
+                pass
