@@ -32,7 +32,7 @@ from supervisor.config import PoolConfig
 from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ClaimLimits, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
-from supervisor.policy import PIPELINE_BUDGET, KillReason, poll_delay, retry_delay
+from supervisor.policy import KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import classify_exit
 from supervisor.run.pool import Pool
@@ -47,6 +47,9 @@ EXPIRED_READ = 100  # rows read per reaper pass to log (and count) expired lease
 PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
 PIPELINE_BYTES = 64 * 1024  # frame bytes queued behind a worker's running job, at most
 ACK_WAIT = 0.002  # seconds a result may wait for others to share its write
+# nothing more is queued behind a job running longer than this: it is not a short one. Well
+# above the pipeline's budget: on two cores a busy worker can go unscheduled for milliseconds
+QUEUE_BEHIND_AT_MOST = 0.05
 ACK_BATCH = 100  # results that are written at once, without waiting
 
 
@@ -163,7 +166,7 @@ class Dispatcher:
         workers = pool.workers
         # a worker that still has work is topped up only once half its room is free (one
         # write, one wake-up, many jobs), and not at all behind a job that has run longer
-        # than the pipeline's budget: that job is not short, whatever the last ones were
+        # than QUEUE_BEHIND_AT_MOST: that job is not short, whatever the last ones were
         room = {pid: self._room(w, depth, c.max_jobs_per_worker, now) for pid, w in workers.items()}
         ahead = {pid: w.held() for pid, w in workers.items()}
         queued_bytes = {pid: w.queued_bytes for pid, w in workers.items()}
@@ -220,7 +223,7 @@ class Dispatcher:
         job = worker.job
         if job is None:
             return room
-        if room * 2 < depth or now - job.started > PIPELINE_BUDGET:
+        if room * 2 < depth or now - job.started > QUEUE_BEHIND_AT_MOST:
             return 0
         return room
 
