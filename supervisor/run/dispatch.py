@@ -106,12 +106,16 @@ class Dispatcher:
     def claim(self, pool: Pool, now: float) -> None:
         """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
         worker that holds nothing, or, for a pool that pipelines (short jobs), what its
-        workers may still be sent; such a pool also claims a second pipeline's worth ahead,
-        and only once half of what it wants is missing, so one claim serves many jobs."""
+        workers may still be sent (none behind a job running long); such a pool also claims
+        a second pipeline's worth ahead, and only once half of what it wants is missing, so
+        one claim serves many jobs."""
         depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
         capacity = room = 0
         empty = False
         for worker in pool.workers.values():
+            job = worker.job
+            if job is not None and now - job.started > QUEUE_BEHIND_AT_MOST:
+                continue  # nothing goes behind a long job: claim nothing for this worker
             free = worker.room(depth, max_jobs)
             held = worker.held()
             if free > 0 or held:

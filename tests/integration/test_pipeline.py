@@ -39,6 +39,19 @@ def warm_up(fleet: Harness) -> None:
     fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(20)]))
 
 
+def long_job_running(fleet: Harness, seconds: float, pools: dict[str, dict[str, Any]]) -> int:
+    """Start a fleet of ``pools``, warm it up, and run one sleep job until it has run longer
+    than a short job would (dispatch's QUEUE_BEHIND_AT_MOST, 50 ms); its id."""
+    fleet.configure(pools)
+    fleet.start("node-a")
+    warm_up(fleet)
+    assert fleet.client is not None
+    (slow,) = fleet.client.enqueue_many([("sleep", {"seconds": seconds})])
+    fleet.wait_state([slow], JobState.LEASED)
+    eventually(lambda: time.time() - (fleet.job(slow).started_at or time.time()) > 0.2)
+    return slow
+
+
 def test_a_drain_hands_back_the_jobs_queued_behind_a_running_one(fleet: Harness) -> None:
     fleet.configure(quick_pool(), grace_period=f"{GRACE}s")
     a = fleet.start("node-a")
@@ -122,17 +135,22 @@ def test_a_memory_bomb_in_a_pipeline_is_the_job_that_fails(fleet: Harness) -> No
 
 
 def test_short_jobs_are_not_queued_behind_a_job_that_runs_long(fleet: Harness) -> None:
-    fleet.configure(quick_pool(min_workers=2, max_workers=2))
-    fleet.start("node-a")
-    warm_up(fleet)
+    slow = long_job_running(fleet, 3.0, quick_pool(min_workers=2, max_workers=2))
     assert fleet.client is not None
-    (slow,) = fleet.client.enqueue_many([("sleep", {"seconds": 3.0})])
-    fleet.wait_state([slow], JobState.LEASED)
-    # the condition under test: it has run longer than a short job would (dispatch's
-    # QUEUE_BEHIND_AT_MOST, 50 ms)
-    eventually(lambda: time.time() - (fleet.job(slow).started_at or time.time()) > 0.2)
     # its worker may have room by count, but the running job is past the pipeline's budget:
     # the short jobs go to the other worker and are done while it still runs
     quick = fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(20)]))
     assert fleet.job(slow).state is JobState.LEASED
     assert all(j.state is JobState.DONE for j in quick)
+
+
+def test_nothing_is_claimed_for_a_worker_busy_with_a_long_job(fleet: Harness) -> None:
+    # a pool that pipelines claims ahead for its workers' room; room behind a long job is not
+    # room: those jobs would sit leased (out of other hosts' reach) until it ends
+    slow = long_job_running(fleet, 2.0, quick_pool())
+    assert fleet.client is not None
+    quick = fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(10)]))
+    done = fleet.job(slow).finished_at
+    assert done is not None
+    for job in quick:  # leased only once the worker was free again
+        assert job.started_at is not None and job.started_at > done - 0.5, (job, done)
