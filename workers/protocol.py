@@ -311,13 +311,3 @@ class FrameReader:
             if not data:
                 return out, True
             out.extend(self.feed(data))
-
-    def read(self, fd: int, bufsize: int = 65536) -> list[Message] | None:
-        """One ``os.read`` from a non-blocking fd, decoded; [] if nothing was ready, None at EOF."""
-        try:
-            data = os.read(fd, bufsize)
-        except BlockingIOError:
-            return []
-        if not data:
-            return None
-        return self.feed(data)

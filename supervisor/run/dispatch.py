@@ -28,9 +28,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from supervisor.clock import Clock
-from supervisor.config import PoolConfig
 from supervisor.errors import StoreUnavailable
-from supervisor.model import Ack, Claimed, ClaimLimits, ErrorKind, Failure, Lease, RetryBudget
+from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
 from supervisor.policy import KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
@@ -113,9 +112,8 @@ class Dispatcher:
         capacity = room = 0
         empty = False
         for worker in pool.workers.values():
-            job = worker.job
-            if job is not None and now - job.started > QUEUE_BEHIND_AT_MOST:
-                continue  # nothing goes behind a long job: claim nothing for this worker
+            if _behind_long_job(worker, now):
+                continue  # nothing goes behind it: claim nothing for this worker
             free = worker.room(depth, max_jobs)
             held = worker.held()
             if free > 0 or held:
@@ -133,7 +131,7 @@ class Dispatcher:
             heapq.heappop(due)
         c = pool.config
         lease = c.lease
-        limits = _limits(c)
+        limits = pool.limits
         try:
             got = self.store.claim(
                 pool=pool.name,
@@ -224,10 +222,7 @@ class Dispatcher:
     @staticmethod
     def _room(worker: WorkerHandle, depth: int, max_jobs: int | None, now: float) -> int:
         room = worker.room(depth, max_jobs)
-        job = worker.job
-        if job is None:
-            return room
-        if room * 2 < depth or now - job.started > QUEUE_BEHIND_AT_MOST:
+        if worker.job is not None and (room * 2 < depth or _behind_long_job(worker, now)):
             return 0
         return room
 
@@ -387,7 +382,7 @@ class Dispatcher:
             or self.releases
             or len(self.acks) >= ACK_BATCH
             or now >= self.acks_due
-            or any(_limits(self.pools[name].config).capped for name in self.freed)
+            or any(self.pools[name].limits.capped for name in self.freed)
         ):
             return
         try:
@@ -405,7 +400,7 @@ class Dispatcher:
             return
         self._store_ok()
         for name in self.freed:
-            if _limits(self.pools[name].config).capped:
+            if self.pools[name].limits.capped:
                 self.wake(self.pools[name])
         self.freed.clear()
 
@@ -616,9 +611,9 @@ class Dispatcher:
         self.store_retry_at = 0.0
 
 
-def _limits(c: PoolConfig) -> ClaimLimits:
-    """The pool's fleet-wide caps, as the store's claim takes them."""
-    return ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
+def _behind_long_job(worker: WorkerHandle, now: float) -> bool:
+    """Its current job has run longer than ``QUEUE_BEHIND_AT_MOST``: not a short one."""
+    return worker.job is not None and now - worker.job.started > QUEUE_BEHIND_AT_MOST
 
 
 def _budget(ratio: float | None) -> RetryBudget | None:

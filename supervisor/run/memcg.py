@@ -243,9 +243,9 @@ class MemoryCgroups:
     def failed_by_oom(self, worker: WorkerHandle, now: float) -> bool:
         """Before a busy worker's JobFailed is believed: if the kernel OOM-killed a process in
         its cgroup, the failure is that kill's consequence. The worker is then stopped with
-        reason memory_limit and True returned: the caller drops that frame and the ones after
-        it. Not asked for JobDone (a result is a result, and this keeps the hot path free of
-        cgroup reads)."""
+        reason memory_limit and True returned: the caller records that job's failure as
+        memory_limit and goes on with the frames after it. Not asked for JobDone (a result is
+        a result, and this keeps the hot path free of cgroup reads)."""
         cg = self.cgroups.get(worker.pid)
         if cg is None or worker.job is None or worker.kill_reason is not None:
             return False

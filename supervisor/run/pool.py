@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import PoolConfig
+from supervisor.model import ClaimLimits
 from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
 from supervisor.run.workerproc import WorkerHandle
 from workers.runtime import WorkerSpec
@@ -51,13 +52,18 @@ class Pool:
     def busy(self) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state == "busy"]
 
+    @property
+    def limits(self) -> ClaimLimits:
+        """The pool's fleet-wide caps, as the store's claim takes them."""
+        c = self.config
+        return ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
+
     def depth(self) -> int:
         """Jobs one worker may hold (policy.pipeline_depth). 1 under a fleet-wide cap: a
         queued job holds a lease, and so a place under the cap, without running."""
-        c = self.config
-        if c.max_inflight or c.tenant_max_inflight or c.kind_max_inflight:
+        if self.limits.capped:
             return 1
-        return pipeline_depth(self.recent_duration, c.pipeline)
+        return pipeline_depth(self.recent_duration, self.config.pipeline)
 
     def job_took(self, duration: float) -> None:
         self.recent_duration = recent_duration(self.recent_duration, duration)

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from supervisor.client import Client
 from supervisor.model import ErrorKind, JobState
-from tests.integration.fleet import Harness, handlers
+from tests.integration.fleet import Harness, Supervisor, handlers
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
@@ -33,32 +34,32 @@ def quick_pool(**extra: Any) -> dict[str, dict[str, Any]]:
     return {"quick": pool | extra}
 
 
-def warm_up(fleet: Harness) -> None:
-    """Run short jobs first: the pool pipelines only once it has measured its jobs as short."""
+def start_warm(
+    fleet: Harness, pools: dict[str, dict[str, Any]], **fleet_keys: Any
+) -> tuple[Supervisor, Client]:
+    """Configure and start a fleet of ``pools``, then run short jobs first: a pool pipelines
+    only once it has measured its jobs as short."""
+    fleet.configure(pools, **fleet_keys)
+    sup = fleet.start("node-a")
     assert fleet.client is not None
     fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(20)]))
+    return sup, fleet.client
 
 
 def long_job_running(fleet: Harness, seconds: float, pools: dict[str, dict[str, Any]]) -> int:
     """Start a fleet of ``pools``, warm it up, and run one sleep job until it has run longer
     than a short job would (dispatch's QUEUE_BEHIND_AT_MOST, 50 ms); its id."""
-    fleet.configure(pools)
-    fleet.start("node-a")
-    warm_up(fleet)
-    assert fleet.client is not None
-    (slow,) = fleet.client.enqueue_many([("sleep", {"seconds": seconds})])
+    _, client = start_warm(fleet, pools)
+    (slow,) = client.enqueue_many([("sleep", {"seconds": seconds})])
     fleet.wait_state([slow], JobState.LEASED)
     eventually(lambda: time.time() - (fleet.job(slow).started_at or time.time()) > 0.2)
     return slow
 
 
 def test_a_drain_hands_back_the_jobs_queued_behind_a_running_one(fleet: Harness) -> None:
-    fleet.configure(quick_pool(), grace_period=f"{GRACE}s")
-    a = fleet.start("node-a")
-    warm_up(fleet)
+    a, client = start_warm(fleet, quick_pool(), grace_period=f"{GRACE}s")
     log = {"log": str(fleet.exec_log)}
-    assert fleet.client is not None
-    ids = fleet.client.enqueue_many(
+    ids = client.enqueue_many(
         [("sleep", {"seconds": 3.0, **log})] + [("noop", log) for _ in range(5)]
     )
     slow, queued = ids[0], ids[1:]
@@ -81,12 +82,9 @@ def test_a_drain_hands_back_the_jobs_queued_behind_a_running_one(fleet: Harness)
 
 
 def test_jobs_queued_behind_one_that_crashes_run_once_elsewhere(fleet: Harness) -> None:
-    fleet.configure(quick_pool(max_deliveries=1))
-    fleet.start("node-a")
-    warm_up(fleet)
+    _, client = start_warm(fleet, quick_pool(max_deliveries=1))
     log = {"log": str(fleet.exec_log)}
-    assert fleet.client is not None
-    ids = fleet.client.enqueue_many(
+    ids = client.enqueue_many(
         [("crash_exit", {"code": 3, **log})] + [("noop", log) for _ in range(5)]
     )
     jobs = fleet.wait_final(ids)
@@ -99,12 +97,9 @@ def test_jobs_queued_behind_one_that_crashes_run_once_elsewhere(fleet: Harness) 
 
 
 def test_a_recycling_worker_is_sent_nothing_past_its_last_job(fleet: Harness) -> None:
-    fleet.configure(quick_pool(max_jobs_per_worker=3))
-    fleet.start("node-a")
-    warm_up(fleet)
+    _, client = start_warm(fleet, quick_pool(max_jobs_per_worker=3))
     log = {"log": str(fleet.exec_log)}
-    assert fleet.client is not None
-    ids = fleet.client.enqueue_many([("noop", log) for _ in range(30)])
+    ids = client.enqueue_many([("noop", log) for _ in range(30)])
     jobs = fleet.wait_final(ids)
     assert all(j.state is JobState.DONE and j.attempts == 1 for j in jobs)
     runs = fleet.executions()
@@ -116,12 +111,9 @@ def test_a_memory_bomb_in_a_pipeline_is_the_job_that_fails(fleet: Harness) -> No
     # the watchdog reads the worker's RSS, and the parent may not have read the result of the
     # job before the bomb yet: those frames are read before the kill is judged, so the bomb,
     # not its predecessor, ends memory_limit
-    fleet.configure(quick_pool(memory_limit="256MiB", max_deliveries=1))
-    fleet.start("node-a")
-    warm_up(fleet)
+    _, client = start_warm(fleet, quick_pool(memory_limit="256MiB", max_deliveries=1))
     log = {"log": str(fleet.exec_log)}
-    assert fleet.client is not None
-    ids = fleet.client.enqueue_many(
+    ids = client.enqueue_many(
         [("noop", log) for _ in range(3)]
         + [("gradual_bomb", {"chunk_mib": 50, "interval": 0.02, **log})]
         + [("noop", log) for _ in range(3)]

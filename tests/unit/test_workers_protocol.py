@@ -171,16 +171,17 @@ def test_read_frame_rejects_oversize_before_reading_the_body() -> None:
             protocol.read_frame(a.fileno())
 
 
-def test_reader_read_from_nonblocking_fd() -> None:
+def test_reader_drains_a_nonblocking_fd() -> None:
     a, b = socket.socketpair()
     with a, b:
         a.setblocking(False)
         reader = FrameReader()
-        assert reader.read(a.fileno()) == []
-        b.sendall(protocol.encode(Ready(5)))
-        assert reader.read(a.fileno()) == [Ready(5)]
+        assert reader.drain(a.fileno()) == ([], False)
+        b.sendall(protocol.encode(Ready(5)) + protocol.encode(Ping(6)))
+        assert reader.drain(a.fileno()) == ([Ready(5), Ping(6)], False)
+        b.sendall(protocol.encode(Pong(6, None)))
         b.close()
-        assert reader.read(a.fileno()) is None
+        assert reader.drain(a.fileno()) == ([Pong(6, None)], True)  # the last frames, then EOF
 
 
 def test_exit_codes_are_distinct_and_named() -> None:

@@ -88,10 +88,10 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.sock], [], [], left)[0]:
                 raise TimeoutError("no frame from the worker")
-            got = self.reader.read(self.sock.fileno())
-            if got is None:
-                raise EOFError("the worker closed its end")
+            got, eof = self.reader.drain(self.sock.fileno())
             self.inbox.extend(got)
+            if eof and not self.inbox:
+                raise EOFError("the worker closed its end")
         return self.inbox.popleft()
 
     def run(self, kind: str, payload: Any = None, attempt: int = 1) -> protocol.Message:
