@@ -16,6 +16,7 @@ from supervisor.model import ErrorKind, JobState, NewJob
 from supervisor.run.fleet import Fleet
 from supervisor.store import Store
 from tests.integration.fleet import handlers
+from tests.integration.test_leases import THIEF, steal
 from tests.support import infleet
 
 pytestmark = pytest.mark.slow
@@ -93,3 +94,32 @@ def test_a_timeout_decided_for_one_job_is_not_blamed_on_the_next(hand) -> None:
     first, second = store.get(a), store.get(b)
     assert first is not None and first.state is JobState.DONE  # its result was in time to read
     assert second is not None and second.state is JobState.QUEUED and second.attempts == 0
+
+
+def test_a_queued_job_whose_lease_is_taken_over_is_never_started(hand, tmp_path: Path) -> None:
+    fleet, store = hand(handlers=handlers("sleep", "noop"))
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+    log = str(tmp_path / "runs.jsonl")
+    # three deliveries: the reap that lets the thief in must requeue it, not dead-letter it
+    running, queued = store.enqueue_many(
+        [
+            NewJob("sleep", "p", json.dumps({"seconds": 5}), 3),
+            NewJob("noop", "p", json.dumps({"log": log}), 3),
+        ]
+    )
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)
+    assert worker.job is not None and [j.claimed.job_id for j in worker.queued] == [queued]
+    stolen = steal(store, queued, "p", "noop")  # another node has it now
+    d.heartbeat(pool, fleet.clock.monotonic())  # the extension finds it lost
+    assert worker.kill_reason is not None and worker.kill_reason.kind == "retire"
+    infleet.wait_exited(worker.pid)
+    fleet.reap_children(fleet.clock.monotonic())
+    d.flush(fleet.clock.monotonic(), force=True)
+    taken, first = store.get(queued), store.get(running)
+    assert taken is not None and taken.owner == THIEF and taken.attempts == stolen.attempt
+    assert not (tmp_path / "runs.jsonl").exists()  # it never ran here
+    # the running job, still ours, went back uncounted when its worker was stopped
+    assert first is not None and first.state is JobState.QUEUED and first.attempts == 0
