@@ -9,12 +9,14 @@
     that reached max_lease_extensions (a timeout).
 
 Claims pass the pool's fleet-wide caps (``ClaimLimits``) and retry budget to the store, which
-enforces both for every host at once; failures carry the budget too. Claims happen only for
-idle workers (plus ``prefetch``), and only when a wake-up came, the
-pool's adaptive poll is due, or a retry of a job this node failed becomes due (so retries keep
-their backoff instead of waiting for an idle pool's slow poll). Results are written in batches
-once per loop pass. When the store is unreachable every write stays in the outbox and is
-retried with backoff; nothing is dropped. Owned by the supervisor's main thread.
+enforces both for every host at once; failures carry the budget too. Claims are sized by the
+workers' room (an idle worker; for a pool of short jobs, what its pipeline may still hold, see
+``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's adaptive poll is
+due, or a retry of a job this node failed becomes due (so retries keep their backoff instead of
+waiting for an idle pool's slow poll). Results are written in batches: failures and releases on
+the pass that saw them, acks up to ``ACK_WAIT`` later. When the store is unreachable every
+write stays in the outbox and is retried with backoff; nothing is dropped. Owned by the
+supervisor's main thread.
 """
 
 from __future__ import annotations
