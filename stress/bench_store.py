@@ -403,20 +403,16 @@ def measure_size(engine: str, size: int, plan: Plan) -> Rates:
 
 
 class ClaimProbe:
-    """Records the store's claim statement as it goes to PostgreSQL, and replays it under
+    """The store's claim statement on PostgreSQL (``claim_statement``), replayed under
     EXPLAIN (ANALYZE, BUFFERS) in a transaction that is rolled back."""
 
     def __init__(self, store: Any) -> None:
-        from sqlalchemy import event
-
         self.store = store
         self.statement: tuple[str, Any] | None = None
         if store.engine.dialect.name == "postgresql":
-            event.listen(store.engine, "before_cursor_execute", self._seen)
-
-    def _seen(self, _conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
-        if self.statement is None and "SKIP LOCKED" in sql and sql.startswith("UPDATE"):
-            self.statement = (sql, params)
+            self.statement = store.claim_statement(
+                pool=POOL, kinds={KIND}, n=1, node="probe", lease=60
+            )
 
     def sample(self) -> tuple[int, float] | None:
         """(index pages the claim's scan read, server execution ms), or None on SQLite."""

@@ -12,6 +12,7 @@ driver errors become ``StoreUnavailable`` (raised ``from`` the driver's error).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -243,18 +244,13 @@ class SqlStore:
             return []
         if limits is not None and limits.capped:
             return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
-        params = {
-            "c_pool": pool,
-            "c_kinds": sorted(kinds),
-            "c_n": n,
-            "c_node": node,
-            "c_lease": lease,
-        }
+        raw, params = self._plain_claim(pool, kinds, n, node, lease)
         with self._auto() as conn:
-            rows = self._exec(conn, self._claim_stmt, params).all()
+            rows = self._raw(conn, raw, params)
             if budget is not None and rows:
-                self._budgets.count_deliveries(conn, pool, budget, len(rows), rows[0].started_at)
-        rows.sort(key=lambda r: (-r.priority, r.available_at, r.id))
+                at = rows[0][_CLAIMED_AT]
+                self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        rows.sort(key=_claim_order)
         return [_claimed(r) for r in rows]
 
     def _claim_capped(
@@ -372,8 +368,36 @@ class SqlStore:
             "finished_at": None,
         }
 
+    def claim_statement(
+        self, *, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+    ) -> tuple[str, Any]:
+        """The SQL and driver parameters of an uncapped ``claim`` (for EXPLAIN, in
+        benchmarks and tests: it does not pass through SQLAlchemy's execute events)."""
+        raw, params = self._plain_claim(pool, kinds, n, node, lease)
+        return raw.sql, raw.rows([params])[0]
+
+    def _plain_claim(
+        self, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+    ) -> tuple[_Raw, dict[str, Any]]:
+        params = {"c_pool": pool, "c_n": n, "c_node": node, "c_lease": lease}
+        params.update((f"c_kind{i}", kind) for i, kind in enumerate(sorted(kinds)))
+        return self._claim_raw(len(kinds)), self._with_now(params)
+
+    def _claim_raw(self, n_kinds: int) -> _Raw:
+        """The claim for a pool of ``n_kinds`` kinds, compiled once: claiming is most of a
+        short job's cost, and SQLAlchemy's per-call compile-cache lookup, parameter and
+        result processing took half of it (the driver's rows are what the claim needs)."""
+        raw = self._claim_raws.get(n_kinds)
+        if raw is None:
+            stmt = self._claim_stmt(n_kinds)
+            raw = self._claim_raws[n_kinds] = _Raw.of(stmt, self.engine.dialect)
+        return raw
+
     @cached_property
-    def _claim_stmt(self) -> Any:
+    def _claim_raws(self) -> dict[int, _Raw]:
+        return {}
+
+    def _claim_stmt(self, n_kinds: int) -> Any:
         now = self._now()
         ready = (
             select(jobs.c.id)
@@ -381,7 +405,7 @@ class SqlStore:
                 jobs.c.pool == bindparam("c_pool"),
                 jobs.c.state == QUEUED,
                 self._mostly_true(jobs.c.available_at <= now),
-                jobs.c.kind.in_(bindparam("c_kinds", expanding=True)),
+                jobs.c.kind.in_([bindparam(f"c_kind{i}") for i in range(n_kinds)]),
             )
             .order_by(jobs.c.priority.desc(), jobs.c.available_at, jobs.c.id)
             .limit(bindparam("c_n", type_=Integer))
@@ -465,15 +489,32 @@ class SqlStore:
         the rows changed. SQLAlchemy would build each row's parameters in Python (~10 µs a
         row, most of a short job's ack); this hands them to the driver as they are, so it
         is only for statements whose parameters need no type processing."""
+        with self._cursor(conn, raw) as cursor:
+            cursor.executemany(raw.sql, raw.rows(rows))
+            return cursor.rowcount
+
+    def _raw(self, conn: Connection, raw: _Raw, params: dict[str, Any]) -> list[Any]:
+        """Run ``raw`` with ``params`` on the driver's own cursor: its rows as the driver
+        returns them (tuples). For statements whose parameters and columns need no type
+        processing, as ``_executemany``."""
+        with self._cursor(conn, raw) as cursor:
+            cursor.execute(raw.sql, raw.rows([params])[0])
+            return cursor.fetchall()
+
+    @contextmanager
+    def _cursor(self, conn: Connection, raw: _Raw) -> Iterator[Any]:
+        """A driver cursor on ``conn``'s connection; its errors leave as SQLAlchemy would
+        raise them, for ``_translated``. (A connection the server dropped fails its reset
+        when it goes back to the pool, which then discards it.)"""
         dbapi_error = conn.dialect.loaded_dbapi.Error
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
-            cursor.executemany(raw.sql, raw.rows(rows))
-            return cursor.rowcount
-        except dbapi_error as exc:  # as SQLAlchemy would raise it, for _translated
+            yield cursor
+        except dbapi_error as exc:
             raise sa_exc.DBAPIError.instance(raw.sql, None, exc, dbapi_error) from exc
         finally:
-            cursor.close()
+            with contextlib.suppress(dbapi_error):
+                cursor.close()
 
     @cached_property
     def _ack_stmt(self) -> Any:
@@ -894,17 +935,17 @@ def _params(job: NewJob) -> dict[str, Any]:
     }
 
 
+# The claim's rows as the driver returns them, in _CLAIMED_COLUMNS order
+_CLAIMED_AT = 11  # started_at
+
+
+def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (-row[9], row[10], row[0])  # priority first, then available_at, then id
+
+
 def _claimed(row: Any) -> Claimed:
-    return Claimed(
-        lease=Lease(row.id, row.lease_token),
-        kind=row.kind,
-        pool=row.pool,
-        payload=row.payload,
-        attempt=row.attempts,
-        max_deliveries=row.max_deliveries,
-        locked_until=row.locked_until,
-        tenant=row.tenant,
-    )
+    """A claim's row (a driver tuple or a SQLAlchemy Row, in _CLAIMED_COLUMNS order)."""
+    return Claimed(Lease(row[0], row[1]), row[2], row[3], row[4], row[5], row[6], row[7], row[8])
 
 
 def _job(row: Any) -> Job:

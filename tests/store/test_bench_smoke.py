@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from supervisor.clock import FakeClock
 from supervisor.model import Ack, NewJob
@@ -60,19 +60,7 @@ def _claim_ack(store: Any, n: int) -> int:
 
 def _claim_statement(store: Any) -> tuple[str, Any]:
     """The SQL and parameters the store sends for one claim."""
-    seen: list[tuple[str, Any]] = []
-
-    def hook(_conn: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
-        if sql.lstrip().startswith("UPDATE") and "ORDER BY" in sql:
-            seen.append((sql, params))
-
-    event.listen(store.engine, "before_cursor_execute", hook)
-    try:
-        _claim_ack(store, 1)
-    finally:
-        event.remove(store.engine, "before_cursor_execute", hook)
-    assert seen, "no claim statement seen"
-    return seen[0]
+    return store.claim_statement(pool="bulk", kinds={"render"}, n=1, node="t", lease=60)
 
 
 def test_sqlite_claim_walks_the_claim_index_without_sorting(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from sqlalchemy import event
 from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, NewJob
 from supervisor.store import open_store
+from tests.support.databases import database_url, postgres_base_url
 
 
 def test_a_full_disk_during_an_ack_is_store_unavailable(tmp_path: Path) -> None:
@@ -30,3 +31,46 @@ def test_a_full_disk_during_an_ack_is_store_unavailable(tmp_path: Path) -> None:
     for c in claimed:  # nothing was written
         job = store.get(c.job_id)
         assert job is not None and job.state.value == "leased"
+
+
+def test_a_claim_the_database_refuses_is_store_unavailable_and_leases_nothing(
+    tmp_path: Path,
+) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/q.db")
+    store.enqueue_many([NewJob("k", "p", "{}", 3) for _ in range(4)])
+
+    def read_only(dbapi_conn, _record) -> None:  # "attempt to write a readonly database"
+        dbapi_conn.execute("PRAGMA query_only = ON")
+
+    store.engine.dispose()
+    event.listen(store.engine, "connect", read_only)
+    with pytest.raises(StoreUnavailable, match="readonly"):
+        store.claim(pool="p", kinds=["k"], n=4, node="n", lease=60.0)
+    event.remove(store.engine, "connect", read_only)
+    store.engine.dispose()
+    assert [j.state.value for j in store.list_jobs()] == ["queued"] * 4
+    assert len(store.claim(pool="p", kinds=["k"], n=4, node="n", lease=60.0)) == 4
+
+
+@pytest.mark.postgres
+def test_a_claim_on_a_connection_the_server_dropped_fails_once_then_works(
+    tmp_path: Path,
+) -> None:
+    """The claim runs on the driver's cursor, past SQLAlchemy's execute: the dead connection
+    must still be dropped from the pool, not handed out again."""
+    import psycopg
+
+    with database_url("postgres", tmp_path) as url:
+        store = open_store(url)
+        try:
+            store.enqueue_many([NewJob("k", "p", "{}", 3) for _ in range(4)])
+            store.engine.dispose()  # from here the pool holds one connection
+            with store.engine.connect() as conn:
+                pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            with psycopg.connect(postgres_base_url(), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            with pytest.raises(StoreUnavailable):
+                store.claim(pool="p", kinds=["k"], n=1, node="n", lease=60.0)
+            assert len(store.claim(pool="p", kinds=["k"], n=4, node="n", lease=60.0)) == 4
+        finally:
+            store.close()
