@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -504,14 +505,22 @@ class SqlStore:
     @contextmanager
     def _cursor(self, conn: Connection, raw: _Raw) -> Iterator[Any]:
         """A driver cursor on ``conn``'s connection; its errors leave as SQLAlchemy would
-        raise them, for ``_translated``. (A connection the server dropped fails its reset
-        when it goes back to the pool, which then discards it.)"""
-        dbapi_error = conn.dialect.loaded_dbapi.Error
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        raise them, for ``_translated``. A connection the server dropped is invalidated here,
+        as SQLAlchemy's own execute does: handed back to the pool as it is, its reset would
+        fail and the pool would log that with a traceback."""
+        dialect = conn.dialect
+        dbapi_error = dialect.loaded_dbapi.Error
+        dbapi_conn = conn.connection.dbapi_connection
+        cursor = dbapi_conn.cursor()  # type: ignore[union-attr]
         try:
             yield cursor
         except dbapi_error as exc:
-            raise sa_exc.DBAPIError.instance(raw.sql, None, exc, dbapi_error) from exc
+            lost = dialect.is_disconnect(exc, dbapi_conn, cursor)
+            if lost:
+                conn.invalidate(exc)
+            raise sa_exc.DBAPIError.instance(
+                raw.sql, None, exc, dbapi_error, connection_invalidated=lost
+            ) from exc
         finally:
             with contextlib.suppress(dbapi_error):
                 cursor.close()
@@ -908,10 +917,20 @@ class _Raw:
         return cls(compiled.string, names, constants)
 
     def rows(self, rows: list[dict[str, Any]]) -> list[Any]:
+        """Each row's parameters as the driver takes them: the statement's own values filled
+        in, in order for a positional paramstyle."""
+        constants = self.constants
         if self.names is None:
-            return [{**self.constants, **row} for row in rows]
-        constants, names = self.constants, self.names
-        return [tuple(row[n] if n in row else constants[n] for n in names) for row in rows]
+            return [{**constants, **row} for row in rows]
+        order = self._order
+        return [order({**constants, **row}) for row in rows]
+
+    @cached_property
+    def _order(self) -> Any:
+        names = self.names or ()
+        if len(names) > 1:
+            return operator.itemgetter(*names)  # a C call per row, not a generator
+        return lambda row: tuple(row[name] for name in names)
 
 
 class _Partial(Exception):
