@@ -38,6 +38,7 @@ parent's code twice.
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import gc
 import json
@@ -282,7 +283,8 @@ class _Worker:
                 # share the parent's connection. The copy leaves without a word.
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
-            proctitle.set_title(proctitle.title_idle(spec.pool, spec.slot))
+            if not (self.inbox and isinstance(self.inbox[0], protocol.RunJob)):
+                proctitle.set_title(proctitle.title_idle(spec.pool, spec.slot))
         return self._reply(job, outcome)
 
     def _reply(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
@@ -372,15 +374,20 @@ def _soft_timeout_window(handler: Handler) -> Handler:
     sigs = {protocol.SOFT_TIMEOUT_SIGNAL}
 
     def run(payload: Any) -> Any:
-        signal.sigtimedwait(sigs, 0)  # one sent between jobs, for the previous job: drop it
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+        # one sent between jobs (blocked, so pending), for the previous job: drop it
+        signal.sigtimedwait(sigs, 0)
+        _sigmask(signal.SIG_UNBLOCK, sigs)
         try:
             return handler(payload)
         finally:
-            signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-            signal.sigtimedwait(sigs, 0)
+            _sigmask(signal.SIG_BLOCK, sigs)
 
     return run
+
+
+# signal.pthread_sigmask turns the old mask it returns into a set of Signals members: three
+# times the cost of the system call, twice per job. The C function underneath does not.
+_sigmask = getattr(_signal, "pthread_sigmask", signal.pthread_sigmask)
 
 
 def _reset_signals() -> None:

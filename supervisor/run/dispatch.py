@@ -54,7 +54,7 @@ QUEUE_BEHIND_AT_MOST = 0.05
 ACK_BATCH = 100  # results that are written at once, without waiting
 
 
-@dataclass
+@dataclass(slots=True)
 class Buffered:
     """A job claimed ahead of a free worker (prefetch)."""
 

@@ -35,7 +35,7 @@ from workers import protocol, runtime
 from workers.runtime import WorkerSpec
 
 
-@dataclass
+@dataclass(slots=True)
 class InFlight:
     """A job sent to a worker. Times are monotonic seconds; a queued job's ``started`` and
     ``deadline`` are set when it becomes the worker's current job."""

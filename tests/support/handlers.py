@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -166,6 +167,16 @@ def allocate(payload: Payload) -> int:
     """Touch ``payload["mib"]`` MiB, free it and return; the job's peak RSS includes it."""
     block = b"x" * (int(payload.get("mib", 100)) * MIB)
     return len(block)
+
+
+@recorded
+def allocate_in_thread(payload: Payload) -> int:
+    """``allocate`` in a thread that then ends (the kernel keeps an ended thread's peak)."""
+    sizes: list[int] = []
+    thread = threading.Thread(target=lambda: sizes.append(allocate(payload)))
+    thread.start()
+    thread.join()
+    return sizes[0]
 
 
 @recorded

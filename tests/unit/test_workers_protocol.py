@@ -41,8 +41,8 @@ ALL = [
 ]
 
 
-def body(obj: dict) -> bytes:
-    """A frame around an arbitrary JSON object, to forge malformed messages."""
+def body(obj: object) -> bytes:
+    """A frame around an arbitrary JSON value, to forge malformed messages."""
     data = json.dumps(obj).encode()
     return protocol.HEADER.pack(len(data)) + data
 
@@ -57,7 +57,18 @@ def test_encode_decode_round_trip(msg: protocol.Message) -> None:
 def test_frame_is_length_prefixed_json_with_version() -> None:
     frame = protocol.encode(Ping(7))
     assert frame[:4] == len(frame[4:]).to_bytes(4, "big")
-    assert json.loads(frame[4:]) == {"v": 1, "type": "Ping", "seq": 7}
+    assert json.loads(frame[4:]) == [protocol.VERSION, "Ping", 7]
+    run = json.loads(protocol.encode(ALL[0])[4:])
+    assert run == [
+        protocol.VERSION,
+        "RunJob",
+        1234,
+        "render",
+        ALL[0].payload,
+        2,
+        1.9e9 + 0.5,
+        "tok-1",
+    ]
 
 
 def test_float_fields_come_back_as_floats() -> None:
@@ -98,28 +109,20 @@ def test_encode_refuses_a_frame_over_the_limit() -> None:
     [
         protocol.HEADER.pack(3) + b"{x}",
         protocol.HEADER.pack(3) + b"\xff\xfe\x00",
-        body([1, 2]),  # type: ignore[arg-type]
-        body({"v": 2, "type": "Ping", "seq": 1}),
-        body({"type": "Ping", "seq": 1}),
-        body({"v": 1, "type": "Exec", "cmd": "rm"}),
-        body({"v": 1, "type": "Ping"}),
-        body({"v": 1, "type": "Ping", "seq": 1, "extra": 0}),
-        body({"v": 1, "type": "Ping", "seq": "1"}),
-        body({"v": 1, "type": "Ping", "seq": True}),
-        body({"v": 1, "type": "Pong", "seq": 1, "rss": 1.5}),
-        body({"v": 1, "type": "Returned", "job_id": None}),
-        body(
-            {
-                "v": 1,
-                "type": "JobFailed",
-                "job_id": 1,
-                "error_kind": "crashed",
-                "message": "",
-                "traceback_tail": "",
-                "duration": 0,
-                "peak_rss": None,
-            }
-        ),
+        body([2]),
+        body({"v": 1, "type": "Ping", "seq": 1}),  # version 1's objects
+        body([1, "Ping", 1]),
+        body([True, "Ping", 1]),
+        body(["Ping", 1]),
+        body([2, "Exec", "rm"]),
+        body([2, ["Ping"], 1]),
+        body([2, "Ping"]),
+        body([2, "Ping", 1, 0]),
+        body([2, "Ping", "1"]),
+        body([2, "Ping", True]),
+        body([2, "Pong", 1, 1.5]),
+        body([2, "Returned", None]),
+        body([2, "JobFailed", 1, "crashed", "", "", 0, None]),
     ],
 )
 def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:

@@ -39,6 +39,7 @@ KINDS = [
     "instant_bomb",
     "gradual_bomb",
     "allocate",
+    "allocate_in_thread",
     "leak",
     "whoami",
     "unserialisable",
@@ -250,6 +251,20 @@ def test_peak_rss_is_reset_between_jobs(spawn: Callable[..., Worker]) -> None:
     assert big.peak_rss is not None and small.peak_rss is not None
     assert big.peak_rss >= 100 * MIB
     assert small.peak_rss < big.peak_rss - 80 * MIB
+
+
+def test_a_peak_left_by_an_ended_thread_is_not_the_next_jobs_peak(
+    spawn: Callable[..., Worker],
+) -> None:
+    w = spawn()
+    w.ready()
+    big = w.run("allocate_in_thread", {"mib": 150})
+    small, mid = w.run("noop"), w.run("allocate", {"mib": 40})
+    assert isinstance(big, JobDone) and isinstance(small, JobDone) and isinstance(mid, JobDone)
+    assert big.peak_rss is not None and small.peak_rss is not None and mid.peak_rss is not None
+    assert big.peak_rss >= 150 * MIB
+    assert small.peak_rss < big.peak_rss - 120 * MIB
+    assert small.peak_rss + 30 * MIB < mid.peak_rss < big.peak_rss - 80 * MIB
 
 
 def test_recycles_after_max_jobs_per_worker(spawn: Callable[..., Worker]) -> None:
