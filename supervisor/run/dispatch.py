@@ -47,7 +47,9 @@ EXPIRED_READ = 100  # rows read per reaper pass to log (and count) expired lease
 
 PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
 PIPELINE_BYTES = 64 * 1024  # frame bytes queued behind a worker's running job, at most
-ACK_WAIT = 0.002  # seconds a result may wait for others to share its write
+# seconds a result may wait for others to share its write, while other jobs run: a commit costs
+# SQLite ~150 µs whatever it holds, a few µs a job at a busy pool's pace
+ACK_WAIT = 0.005
 # nothing more is queued behind a job running longer than this: it is not a short one. Well
 # above the pipeline's budget: on two cores a busy worker can go unscheduled for milliseconds
 QUEUE_BEHIND_AT_MOST = 0.05
@@ -374,8 +376,9 @@ class Dispatcher:
     def flush(self, now: float, *, force: bool = False) -> None:
         """Write buffered acks, failures and releases (each list one call). Acks alone wait
         up to ``ACK_WAIT`` for company (a busy pool finishes jobs one at a time, and one
-        write for many is what makes short jobs cheap), unless ``force``d or a pool under a
-        fleet-wide cap is waiting for the room they free."""
+        write for many is what makes short jobs cheap), unless ``force``d, no other job is
+        running (none could join them), or a pool under a fleet-wide cap is waiting for the
+        room they free."""
         if now < self.store_retry_at or not (self.acks or self.fails or self.releases):
             return
         if not (
@@ -385,6 +388,7 @@ class Dispatcher:
             or len(self.acks) >= ACK_BATCH
             or now >= self.acks_due
             or any(self.pools[name].limits.capped for name in self.freed)
+            or not self._running()
         ):
             return
         try:
@@ -405,6 +409,10 @@ class Dispatcher:
             if self.pools[name].limits.capped:
                 self.wake(self.pools[name])
         self.freed.clear()
+
+    def _running(self) -> bool:
+        """Whether any worker runs a job now (whose result could share a write)."""
+        return any(w.job is not None for p in self.pools.values() for w in p.workers.values())
 
     def _record_fails(self, outcome) -> None:
         self.counters.lost_leases += len(outcome.lost)

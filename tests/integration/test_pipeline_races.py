@@ -1,11 +1,12 @@
 """Races of a pipeline that a real loop hits only by chance, driven step by step with an
 in-process fleet (tests/support/infleet.py: real workers, store and dispatcher; the test reads
-the workers' frames and runs the loop's steps itself). Each of these lost or misblamed a job
-before it was fixed."""
+the workers' frames and runs the loop's steps itself). Each race test lost or misblamed a job
+before it was fixed; the last test pins when a result is written."""
 
 from __future__ import annotations
 
 import json
+import select
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.model import ErrorKind, JobState, NewJob
+from supervisor.run.dispatch import ACK_WAIT
 from supervisor.run.fleet import Fleet
 from supervisor.store import Store
 from tests.integration.fleet import handlers
@@ -123,3 +125,33 @@ def test_a_queued_job_whose_lease_is_taken_over_is_never_started(hand, tmp_path:
     assert not (tmp_path / "runs.jsonl").exists()  # it never ran here
     # the running job, still ours, went back uncounted when its worker was stopped
     assert first is not None and first.state is JobState.QUEUED and first.attempts == 0
+
+
+def test_a_lone_result_is_written_at_once_one_with_jobs_running_waits_for_company(hand) -> None:
+    fleet, store = hand(handlers=handlers("sleep", "noop"))
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+
+    def result_read() -> float:
+        ready, _, _ = select.select([worker.fd], [], [], 10)
+        assert ready, "no result from the worker"
+        fleet.read_worker(worker)
+        return fleet.clock.monotonic()
+
+    (lone,) = store.enqueue_many([job("noop")])
+    d.claim(pool, fleet.clock.monotonic())
+    d.assign(pool, fleet.clock.monotonic())
+    d.flush(result_read())  # nothing else runs: no result could join it
+    assert store.get(lone).state is JobState.DONE
+
+    quick, slow = store.enqueue_many([job("noop"), job("sleep", seconds=1)])
+    d.wake(pool)
+    d.claim(pool, fleet.clock.monotonic())
+    d.assign(pool, fleet.clock.monotonic())
+    assert worker.held() == 2
+    now = result_read()
+    assert worker.job is not None and worker.job.claimed.job_id == slow
+    d.flush(now)  # the slow job runs: the quick one's ack waits for company
+    assert store.get(quick).state is JobState.LEASED
+    d.flush(now + ACK_WAIT)
+    assert store.get(quick).state is JobState.DONE
