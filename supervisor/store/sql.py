@@ -505,25 +505,29 @@ class SqlStore:
     @contextmanager
     def _cursor(self, conn: Connection, raw: _Raw) -> Iterator[Any]:
         """A driver cursor on ``conn``'s connection; its errors leave as SQLAlchemy would
-        raise them, for ``_translated``. A connection the server dropped is invalidated here,
-        as SQLAlchemy's own execute does: handed back to the pool as it is, its reset would
-        fail and the pool would log that with a traceback."""
+        raise them, for ``_translated``. A lost connection (the server restarted) is handled
+        as SQLAlchemy's own execute handles it: that connection is invalidated (handed back
+        as it is, its reset would fail and the pool would log a traceback) and so is every
+        other one in the pool, which the same restart has cut too."""
         dialect = conn.dialect
         dbapi_error = dialect.loaded_dbapi.Error
         dbapi_conn = conn.connection.dbapi_connection
-        cursor = dbapi_conn.cursor()  # type: ignore[union-attr]
+        cursor = None
         try:
+            cursor = dbapi_conn.cursor()  # type: ignore[union-attr]
             yield cursor
         except dbapi_error as exc:
             lost = dialect.is_disconnect(exc, dbapi_conn, cursor)
             if lost:
                 conn.invalidate(exc)
+                self.engine.dispose()  # the pooled connections: fresh ones on the next call
             raise sa_exc.DBAPIError.instance(
                 raw.sql, None, exc, dbapi_error, connection_invalidated=lost
             ) from exc
         finally:
-            with contextlib.suppress(dbapi_error):
-                cursor.close()
+            if cursor is not None:
+                with contextlib.suppress(dbapi_error):
+                    cursor.close()
 
     @cached_property
     def _ack_stmt(self) -> Any:

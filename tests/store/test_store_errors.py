@@ -54,23 +54,25 @@ def test_a_claim_the_database_refuses_is_store_unavailable_and_leases_nothing(
 
 
 @pytest.mark.postgres
-def test_a_claim_on_a_connection_the_server_dropped_fails_once_then_works(
+def test_a_claim_on_connections_the_server_dropped_fails_once_then_works(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The claim runs on the driver's cursor, past SQLAlchemy's execute: the dead connection
-    is invalidated there (not handed back to the pool to fail its reset, which the pool logs
-    as an error with a traceback) and the next claim gets a fresh one."""
+    """The claim runs on the driver's cursor, past SQLAlchemy's execute: a lost connection is
+    invalidated there with the rest of the pool (a restart cut them all), not handed back to
+    fail its reset, which the pool logs as an error with a traceback; the next claim gets a
+    fresh connection."""
     import psycopg
 
     with database_url("postgres", tmp_path) as url:
         store = open_store(url)
         try:
             store.enqueue_many([NewJob("k", "p", "{}", 3) for _ in range(4)])
-            store.engine.dispose()  # from here the pool holds one connection
-            with store.engine.connect() as conn:
-                pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            store.engine.dispose()
+            with store.engine.connect() as a, store.engine.connect() as b:  # two in the pool
+                pids = [c.exec_driver_sql("SELECT pg_backend_pid()").scalar() for c in (a, b)]
             with psycopg.connect(postgres_base_url(), autocommit=True) as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                for pid in pids:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             with caplog.at_level(logging.WARNING, logger="sqlalchemy.pool"):
                 with pytest.raises(StoreUnavailable, match="connection"):
                     store.claim(pool="p", kinds=["k"], n=1, node="n", lease=60.0)
@@ -78,3 +80,16 @@ def test_a_claim_on_a_connection_the_server_dropped_fails_once_then_works(
             assert [r.getMessage() for r in caplog.records if r.name.startswith("sqlalchemy")] == []
         finally:
             store.close()
+
+
+def test_a_driver_connection_closed_under_the_pool_is_store_unavailable(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/q.db")
+    store.enqueue_many([NewJob("k", "p", "{}", 3)])
+
+    def close_it(dbapi_conn, _record, _proxy) -> None:  # closed behind the pool's back
+        dbapi_conn.close()
+
+    event.listen(store.engine, "checkout", close_it, once=True)
+    with pytest.raises(StoreUnavailable):
+        store.claim(pool="p", kinds=["k"], n=1, node="n", lease=60.0)
+    assert len(store.claim(pool="p", kinds=["k"], n=1, node="n", lease=60.0)) == 1
