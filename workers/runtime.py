@@ -137,6 +137,7 @@ class _Worker:
         self.spec = spec
         self.cap: limits.MemoryCap | None = None
         self.jobs_done = 0
+        self.busy_title = False  # the title names a job (set idle only before blocking)
         self.pid = os.getpid()
         self.reader = protocol.FrameReader(spec.max_frame)
         self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
@@ -206,6 +207,9 @@ class _Worker:
         if self.inbox and self.poller.poll(0):
             self._receive()
         while not self.inbox:
+            if self.busy_title:  # nothing to run: say so before waiting (not between jobs)
+                proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
+                self.busy_title = False
             self._receive()
         return self.inbox.popleft()
 
@@ -272,6 +276,7 @@ class _Worker:
             return self._failed(job, Outcome(error_kind=protocol.PERMANENT, message=why))
         limits.reset_peak_rss()
         proctitle.set_title(proctitle.title_busy(spec.pool, spec.slot, job.job_id, job.kind, 0))
+        self.busy_title = True
         token = context.bind(
             context.JobContext(job.job_id, job.kind, job.attempt, job.deadline, spec.pool)
         )
@@ -283,8 +288,6 @@ class _Worker:
                 # share the parent's connection. The copy leaves without a word.
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
-            if not (self.inbox and isinstance(self.inbox[0], protocol.RunJob)):
-                proctitle.set_title(proctitle.title_idle(spec.pool, spec.slot))
         return self._reply(job, outcome)
 
     def _reply(self, job: protocol.RunJob, outcome: Outcome) -> bytes:

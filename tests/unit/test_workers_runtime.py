@@ -539,3 +539,21 @@ def test_release_hands_back_the_jobs_not_started(spawn: Callable[..., Worker]) -
     w.send(RunJob(4, "echo", json.dumps({"a": 4}), 1, time.time() + 60, "t"))
     done = w.recv()
     assert isinstance(done, JobDone) and done.job_id == 4  # and it takes new work after
+
+
+def test_a_worker_with_nothing_left_to_run_says_idle(spawn: Callable[..., Worker]) -> None:
+    """Between queued jobs the title keeps naming a job; once nothing is left (here a Release
+    took the queued one back) it says idle."""
+    w = spawn()
+    w.ready()
+    w.send(RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
+    w.send(RunJob(2, "echo", json.dumps({}), 1, time.time() + 60, "t"))
+    w.wait_running(1)
+    w.send(protocol.Release())
+    assert isinstance(w.recv(), JobDone) and w.recv() == protocol.Returned(2)
+    w.send(Ping(1))  # answered only once the worker is back in its read
+    assert isinstance(w.recv(), Pong)
+    deadline = time.monotonic() + 5
+    while b"idle" not in _cmdline(w.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _cmdline(w.pid).split(b"\0")[0] == b"fleetd: test#1 idle"
