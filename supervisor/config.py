@@ -291,7 +291,7 @@ class PoolConfig(BaseModel):
         description="fleet-wide cap per kind of this pool, e.g. { render = 5 }",
     )
     max_jobs_per_worker: OptPositive = _key(
-        10_000, "a worker is replaced after this many jobs; false: never"
+        1000, "a worker is replaced after this many jobs; false: never"
     )
     recycle_rss: OptSize = _key(
         None, "a worker whose RSS stays above this after a job is replaced", example="400MiB"
