@@ -64,7 +64,6 @@ PR_SET_PDEATHSIG = 1
 _proc_fds: dict[str, tuple[int, int]] = {}
 _STATUS_FIELD = re.compile(rb"^(VmSize|VmData|VmRSS|VmHWM):\s+(\d+) kB", re.MULTILINE)
 _HWM = re.compile(rb"VmHWM:\s+(\d+)")
-_RSS = re.compile(rb"VmRSS:\s+(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +142,9 @@ def _maxrss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _statm_rss() -> int | None:
-    """Current RSS from /proc/self/statm (resident pages; a smaller read than status)."""
+def current_rss() -> int | None:
+    """Current RSS (VmRSS) in bytes, shared pages included; None without /proc. Read from
+    /proc/self/statm (resident pages: the same counter, a fraction of status's cost)."""
     fd = _proc_fd("statm", os.O_RDONLY)
     if fd is None:
         return None
@@ -152,11 +152,6 @@ def _statm_rss() -> int | None:
         return int(os.pread(fd, 256, 0).split()[1]) * resource.getpagesize()
     except (OSError, IndexError, ValueError):
         return None
-
-
-def current_rss() -> int | None:
-    """Current RSS (VmRSS) in bytes, shared pages included; None without /proc."""
-    return _status_bytes(_RSS)
 
 
 def prepare_peak_reset() -> bool:
@@ -188,7 +183,7 @@ def reset_peak_rss() -> bool:
         os.write(fd, b"5")
     except OSError:
         return False
-    base, rss = _maxrss(), _statm_rss()
+    base, rss = _maxrss(), current_rss()
     if rss is not None:
         _since_reset = (base, base > rss + STALE_SLACK)
     return True
