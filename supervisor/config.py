@@ -291,10 +291,12 @@ class PoolConfig(BaseModel):
         description="fleet-wide cap per kind of this pool, e.g. { render = 5 }",
     )
     max_jobs_per_worker: OptPositive = _key(
-        1000, "a worker is replaced after this many jobs; false: never"
+        10_000, "a worker is replaced after this many jobs; false: never"
     )
     recycle_rss: OptSize = _key(
-        None, "a worker whose RSS stays above this after a job is replaced", example="400MiB"
+        None,
+        "a worker whose RSS stays above this after a job is replaced (so is one near memory_limit)",
+        example="400MiB",
     )
     prefetch: Count = _key(0, "jobs claimed ahead of idle workers (each holds a lease meanwhile)")
     pipeline: Positive = _key(

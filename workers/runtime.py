@@ -58,6 +58,8 @@ from workers.handlers import Handler
 from workers.outcome import MAX_TEXT, Outcome, call
 
 MIB = 1024 * 1024
+NEAR_LIMIT = 7 / 8  # of memory_limit: RSS after a job above it replaces the worker
+ROOM_TO_GROW = 16 * MIB  # ... unless the worker started closer to it than this
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class WorkerSpec:
     ``handlers`` are already imported (``workers.handlers.load_handlers``). Sizes are bytes.
     ``memory_limit`` caps memory through the ``rlimit_policy`` rlimit ("data", "as" or "off")
     at ``memory_limit + rlimit_headroom`` (see ``workers.limits``); the exact limit on RSS is
-    the parent's watchdog. ``recycle_rss``: exit after a job that leaves RSS above it.
+    the parent's watchdog. ``recycle_rss``: exit after a job that leaves RSS above it (and,
+    with a ``memory_limit``, after one that leaves it near that: ``NEAR_LIMIT``).
     ``user``/``group`` (names or ids) need the parent to run as root.
     """
 
@@ -138,6 +141,7 @@ class _Worker:
         self.cap: limits.MemoryCap | None = None
         self.jobs_done = 0
         self.busy_title = False  # the title names a job (set idle only before blocking)
+        self.rss_cap: int | None = None  # set up in setup(), from the RSS at start
         self.pid = os.getpid()
         self.reader = protocol.FrameReader(spec.max_frame)
         self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
@@ -157,8 +161,23 @@ class _Worker:
         if os.getppid() != self.spec.parent_pid:
             raise _Exit(exitcodes.PARENT_GONE, "the parent exited before PDEATHSIG was set")
         self._apply_limits()
+        self.rss_cap = self._rss_cap(limits.current_rss())
         proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
         self._send(protocol.Ready(os.getpid()))
+
+    def _rss_cap(self, start_rss: int | None) -> int | None:
+        """The RSS after a job above which this worker is replaced: ``recycle_rss``, or lower,
+        ``NEAR_LIMIT`` of ``memory_limit`` (so a leak of any pace is caught here, between
+        jobs, before the parent's watchdog must kill the worker mid-job and fail whatever job
+        then runs). Not the latter for a worker that starts within ``ROOM_TO_GROW`` of it: a
+        fresh worker would be no further from it."""
+        spec = self.spec
+        caps = [spec.recycle_rss] if spec.recycle_rss is not None else []
+        if spec.memory_limit is not None and start_rss is not None:
+            near = int(spec.memory_limit * NEAR_LIMIT)
+            if near >= start_rss + ROOM_TO_GROW:
+                caps.append(near)
+        return min(caps) if caps else None
 
     def _drop_privileges(self) -> None:
         """Switch to the pool's user/group, if any."""
@@ -349,19 +368,24 @@ class _Worker:
         spec = self.spec
         if spec.max_jobs_per_worker is not None and self.jobs_done >= spec.max_jobs_per_worker:
             return f"max_jobs_per_worker reached ({self.jobs_done} jobs)"
-        if spec.recycle_rss is None:
+        cap = self.rss_cap
+        if cap is None:
             return None
         rss = limits.current_rss()
-        if rss is None or rss <= spec.recycle_rss:
+        if rss is None or rss <= cap:
             return None
         # "Stays above": garbage and memory glibc kept after free() are not a leak.
         gc.collect()
         limits.trim_heap()
         rss = limits.current_rss()
-        if rss is None or rss <= spec.recycle_rss:
+        if rss is None or rss <= cap:
             return None
+        if cap == spec.recycle_rss:
+            return f"RSS {rss // MIB} MiB after the job is above recycle_rss {cap // MIB} MiB"
+        limit = spec.memory_limit or 0
         return (
-            f"RSS {rss // MIB} MiB after the job is above recycle_rss {spec.recycle_rss // MIB} MiB"
+            f"RSS {rss // MIB} MiB after the job is near memory_limit {limit // MIB} MiB "
+            "(a leak?): replaced before it must be killed mid-job"
         )
 
 

@@ -76,7 +76,7 @@ def test_pool_defaults(tmp_path: Path) -> None:
         "max_inflight": None,
         "tenant_max_inflight": None,
         "kind_max_inflight": {},
-        "max_jobs_per_worker": 1000,
+        "max_jobs_per_worker": 10_000,
         "recycle_rss": None,
         "prefetch": 0,
         "user": None,

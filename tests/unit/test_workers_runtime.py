@@ -26,7 +26,7 @@ from workers.context import bind, unbind
 from workers.errors import HandlerImportError
 from workers.handlers import load_handlers, resolve
 from workers.protocol import JobDone, JobFailed, Ping, Pong, Ready, Recycling, RunJob
-from workers.runtime import WorkerSpec, main
+from workers.runtime import NEAR_LIMIT, WorkerSpec, main
 
 MIB = 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
@@ -288,6 +288,44 @@ def test_recycles_when_rss_stays_above_recycle_rss(spawn: Callable[..., Worker])
     msg = w.recv()
     assert isinstance(msg, Recycling) and "recycle_rss" in msg.reason
     assert w.wait_exit() == exitcodes.RECYCLE
+
+
+def test_a_worker_leaking_toward_memory_limit_is_replaced_between_jobs(
+    spawn: Callable[..., Worker],
+) -> None:
+    """No recycle_rss: RSS after a job within 1/8 of memory_limit replaces the worker, so the
+    parent's watchdog need not kill it mid-job (failing the job then running)."""
+    baseline = limits.current_rss() or 0
+    w = spawn(memory_limit=baseline + 96 * MIB)
+    w.ready()
+    answers = []
+    for seq in range(8):
+        assert isinstance(w.run("leak", {"mib": 20}), JobDone)
+        w.send(Ping(seq))  # answered while it lives; a Recycling comes first when it leaves
+        answers.append(w.recv())
+        if isinstance(answers[-1], Recycling):
+            break
+    *alive, last = answers
+    assert all(isinstance(a, Pong) for a in alive) and len(alive) >= 2  # not at once
+    assert isinstance(last, Recycling) and "near memory_limit" in last.reason, answers
+    assert w.wait_exit() == exitcodes.RECYCLE
+
+
+def test_a_worker_that_starts_near_memory_limit_is_not_replaced_after_each_job(
+    spawn: Callable[..., Worker],
+) -> None:
+    probe = spawn()
+    probe.ready()
+    probe.send(Ping(0))
+    pong = probe.recv()
+    assert isinstance(pong, Pong) and pong.rss
+    # a limit whose 7/8 is below what a fresh worker holds: replacing it would not help
+    w = spawn(memory_limit=int((pong.rss - 4 * MIB) / NEAR_LIMIT))
+    w.ready()
+    for seq in range(3):
+        assert isinstance(w.run("noop"), JobDone)
+        w.send(Ping(seq))
+        assert isinstance(w.recv(), Pong)
 
 
 def test_ping_is_answered_with_rss(spawn: Callable[..., Worker]) -> None:
