@@ -832,7 +832,7 @@ class Chaos:
                 if fed == len(items) and not busy and final >= len(items) and not later:
                     for ev in self.pending:  # no job left to hit: recorded, not waited for
                         self.skipped[ev.what] += 1
-                        self.note("skipped", what=ev.what)
+                        self.note("skipped", fault=ev.what)
                     return
                 if now > deadline:
                     self.timed_out = True
