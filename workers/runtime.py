@@ -59,7 +59,7 @@ from workers.outcome import MAX_TEXT, Outcome, call
 
 MIB = 1024 * 1024
 NEAR_LIMIT = 7 / 8  # of memory_limit: RSS after a job above it replaces the worker
-ROOM_TO_GROW = 16 * MIB  # ... unless the worker started closer to it than this
+ROOM_TO_GROW = 16 * MIB  # ... unless its first job left it closer to it than this
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,8 @@ class _Worker:
         self.spec = spec
         self.cap: limits.MemoryCap | None = None
         self.jobs_done = 0
-        self.busy_title = False  # the title names a job (set idle only before blocking)
-        self.rss_cap: int | None = None  # set up in setup(), from the RSS at start
+        self.busy_title = False  # the title names a job
+        self.rss_cap: int | None = spec.recycle_rss  # lowered after the first job
         self.pid = os.getpid()
         self.reader = protocol.FrameReader(spec.max_frame)
         self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
@@ -161,21 +161,21 @@ class _Worker:
         if os.getppid() != self.spec.parent_pid:
             raise _Exit(exitcodes.PARENT_GONE, "the parent exited before PDEATHSIG was set")
         self._apply_limits()
-        self.rss_cap = self._rss_cap(limits.current_rss())
         proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
         self._send(protocol.Ready(os.getpid()))
 
-    def _rss_cap(self, start_rss: int | None) -> int | None:
+    def _rss_cap(self, warm_rss: int | None) -> int | None:
         """The RSS after a job above which this worker is replaced: ``recycle_rss``, or lower,
         ``NEAR_LIMIT`` of ``memory_limit`` (so a leak of any pace is caught here, between
         jobs, before the parent's watchdog must kill the worker mid-job and fail whatever job
-        then runs). Not the latter for a worker that starts within ``ROOM_TO_GROW`` of it: a
-        fresh worker would be no further from it."""
+        then runs). Not the latter when the first job left the worker within ``ROOM_TO_GROW``
+        of it (``warm_rss``: what it loaded once, a model or a cache, is not a leak, and a
+        fresh worker would load it again)."""
         spec = self.spec
         caps = [spec.recycle_rss] if spec.recycle_rss is not None else []
-        if spec.memory_limit is not None and start_rss is not None:
+        if spec.memory_limit is not None and warm_rss is not None:
             near = int(spec.memory_limit * NEAR_LIMIT)
-            if near >= start_rss + ROOM_TO_GROW:
+            if near >= warm_rss + ROOM_TO_GROW:
                 caps.append(near)
         return min(caps) if caps else None
 
@@ -226,11 +226,15 @@ class _Worker:
         if self.inbox and self.poller.poll(0):
             self._receive()
         while not self.inbox:
-            if self.busy_title:  # nothing to run: say so before waiting (not between jobs)
-                proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
-                self.busy_title = False
+            self._idle_title()  # a Release may have taken back the jobs that were queued
             self._receive()
         return self.inbox.popleft()
+
+    def _idle_title(self) -> None:
+        """Say idle, unless the title already does (it is not rewritten between jobs)."""
+        if self.busy_title:
+            proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
+            self.busy_title = False
 
     def _receive(self) -> None:
         """One (blocking) read; its complete frames join the inbox, and a Release hands back
@@ -307,6 +311,8 @@ class _Worker:
                 # share the parent's connection. The copy leaves without a word.
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
+            if not (self.inbox and isinstance(self.inbox[0], protocol.RunJob)):
+                self._idle_title()  # before the result goes out: nothing queued behind it
         return self._reply(job, outcome)
 
     def _reply(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
@@ -368,6 +374,8 @@ class _Worker:
         spec = self.spec
         if spec.max_jobs_per_worker is not None and self.jobs_done >= spec.max_jobs_per_worker:
             return f"max_jobs_per_worker reached ({self.jobs_done} jobs)"
+        if self.jobs_done == 1:
+            self.rss_cap = self._rss_cap(limits.current_rss())
         cap = self.rss_cap
         if cap is None:
             return None

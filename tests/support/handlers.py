@@ -30,6 +30,7 @@ GIB = 1024 * MIB
 
 Payload = dict[str, Any]
 _leaked: list[bytes] = []  # what ``leak`` keeps, for the life of the worker
+_cache: list[bytes] = []  # what ``warm_cache`` loaded, once per worker
 
 
 def record(payload: Payload, start: float, end: float | None, outcome: str) -> None:
@@ -177,6 +178,14 @@ def allocate_in_thread(payload: Payload) -> int:
     thread.start()
     thread.join()
     return sizes[0]
+
+
+@recorded
+def warm_cache(payload: Payload) -> int:
+    """Load ``payload["mib"]`` touched MiB once per process (a model, a cache) and keep it."""
+    if not _cache:
+        _cache.append(b"x" * (int(payload.get("mib", 10)) * MIB))
+    return len(_cache[0])
 
 
 @recorded
