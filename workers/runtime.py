@@ -374,13 +374,13 @@ class _Worker:
         spec = self.spec
         if spec.max_jobs_per_worker is not None and self.jobs_done >= spec.max_jobs_per_worker:
             return f"max_jobs_per_worker reached ({self.jobs_done} jobs)"
-        if self.jobs_done == 1:
-            self.rss_cap = self._rss_cap(limits.current_rss())
-        cap = self.rss_cap
-        if cap is None:
-            return None
+        if spec.recycle_rss is None and spec.memory_limit is None:
+            return None  # no RSS line can apply: nothing to read
         rss = limits.current_rss()
-        if rss is None or rss <= cap:
+        if self.jobs_done == 1:
+            self.rss_cap = self._rss_cap(rss)
+        cap = self.rss_cap
+        if cap is None or rss is None or rss <= cap:
             return None
         # "Stays above": garbage and memory glibc kept after free() are not a leak.
         gc.collect()

@@ -958,17 +958,20 @@ def _params(job: NewJob) -> dict[str, Any]:
     }
 
 
-# The claim's rows as the driver returns them, in _CLAIMED_COLUMNS order
-_CLAIMED_AT = 11  # started_at
+# Where each column sits in a claim's row (a driver tuple or a SQLAlchemy Row alike)
+_AT = {column.name: i for i, column in enumerate(_CLAIMED_COLUMNS)}
+_CLAIMED_AT = _AT["started_at"]  # the claim's "now"
+_PRIORITY, _AVAILABLE, _ID = _AT["priority"], _AT["available_at"], _AT["id"]
 
 
 def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    return (-row[9], row[10], row[0])  # priority first, then available_at, then id
+    return (-row[_PRIORITY], row[_AVAILABLE], row[_ID])
 
 
 def _claimed(row: Any) -> Claimed:
-    """A claim's row (a driver tuple or a SQLAlchemy Row, in _CLAIMED_COLUMNS order)."""
-    return Claimed(Lease(row[0], row[1]), row[2], row[3], row[4], row[5], row[6], row[7], row[8])
+    """A claim's row; its first nine columns are Claimed's fields in order (the lease's two
+    first)."""
+    return Claimed(Lease(row[0], row[1]), *row[2:9])
 
 
 def _job(row: Any) -> Job:
