@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_e2e",
         "end to end: no-op throughput and idle pickup latency through fleetd start",
     ),
+    "bench-bare": (
+        "stress.bench_bare",
+        "the bare reference: a minimal claim/feed/ack loop that fleetd's figures are read against",
+    ),
     "bench-caps": (
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",

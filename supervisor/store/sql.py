@@ -37,6 +37,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    text,
     tuple_,
     update,
 )
@@ -64,7 +65,7 @@ from supervisor.model import (
 )
 from supervisor.store import fair, migrations
 from supervisor.store.budget import Budgets
-from supervisor.store.schema import jobs, nodes
+from supervisor.store.schema import KEYED, jobs, nodes
 
 QUEUED, LEASED, DONE, DEAD = (s.value for s in JobState)
 _TIME = Float(precision=53)
@@ -214,7 +215,8 @@ class SqlStore:
     @cached_property
     def _insert_keyed_stmt(self) -> Any:
         stmt = self._insert()(jobs).values(self._row_values())
-        return stmt.on_conflict_do_nothing(index_elements=["kind", "key"]).returning(jobs.c.id)
+        keyed = stmt.on_conflict_do_nothing(index_elements=["kind", "key"], index_where=text(KEYED))
+        return keyed.returning(jobs.c.id)
 
     def _insert_keyed(self, conn: Connection, job: NewJob) -> int:
         inserted = self._exec(conn, self._insert_keyed_stmt, _params(job)).scalar()

@@ -1,7 +1,8 @@
 """Keep the store benchmark, and what it found, from rotting.
 
 - ``python -m stress bench-store --quick --engine sqlite`` exits 0 and prints its tables (no
-  timing is asserted: figures belong in docs/benchmarks.md).
+  timing is asserted: figures belong in docs/benchmarks.md); so does ``bench-bare``, the
+  reference loop fleetd's end-to-end figures are read against, on both engines.
 - SQLite's claim walks ix_jobs_claim and stops after n rows. Without the ``likely()`` hint its
   planner sorted every ready row on each claim (42 ms at 100,000 queued, and growing).
 - PostgreSQL: the reaper vacuums the job table once dead rows pile up, so a claim reads a few
@@ -24,7 +25,7 @@ from sqlalchemy import text
 from supervisor.clock import FakeClock
 from supervisor.model import Ack, NewJob
 from supervisor.store import open_store
-from tests.support.databases import postgres_schema_url
+from tests.support.databases import postgres_base_url, postgres_schema_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,6 +45,24 @@ def test_bench_store_quick_runs_and_prints_a_table() -> None:
     assert "bench-store: rates" in out and "claim+ack x64" in out
     assert "sqlite" in out and "2,000" in out  # one row: the engine and the queue size
     assert "over a long run" in out
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_bench_bare_finishes_every_job_on_both_engines() -> None:
+    # the bench makes and drops a schema of its own on the suite's PostgreSQL
+    command = ["bench-bare", "--jobs", "2000", "--postgres-url", postgres_base_url()]
+    proc = subprocess.run(
+        [sys.executable, "-m", "stress", *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]  # it raises unless every job was acked
+    rows = [line for line in proc.stdout.splitlines() if "2000" in line]
+    assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1]
 
 
 def _fill(store: Any, count: int) -> None:
