@@ -172,6 +172,7 @@ def _postgres(url: str) -> Db:
 def measure(db: Db, jobs: int, children: int) -> Figures:
     """Enqueue ``jobs``, then time the loop from the first claim to the last ack."""
     db.enqueue(jobs)
+    reaped_before = _children_cpu()
     socks = [_fork_child() for _ in range(children)]
     try:
         before = _cpu()
@@ -186,11 +187,10 @@ def measure(db: Db, jobs: int, children: int) -> Figures:
             os.wait()
     if done != jobs:
         raise RuntimeError(f"bare loop finished {done} of {jobs} jobs")
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return Figures(
         rate=done / elapsed,
         parent_cpu=(after - before) / done,
-        children_cpu=(kids.ru_utime + kids.ru_stime) / done,
+        children_cpu=(_children_cpu() - reaped_before) / done,
     )
 
 
@@ -285,4 +285,10 @@ def _frame(body: object) -> bytes:
 
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every child reaped so far (cumulative: subtract an earlier reading)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
