@@ -4,7 +4,8 @@
   concurrent claimers never wait on each other and never take the same job.
 - The database's ``now()`` is the one clock: hosts' clocks may disagree, leases must not.
   An injected clock replaces it only in tests.
-- Enqueue sends ``NOTIFY fleetd_jobs`` with the pool's name, so idle supervisors wake at once.
+- Enqueue sends ``NOTIFY fleetd_jobs`` with the pool's name, so idle supervisors wake at once;
+  one job without a key is one statement, its insert and its NOTIFY together (``enqueue``).
 - Single-statement verbs run in autocommit: no BEGIN/COMMIT round trips.
 - Claims of a pool with fleet-wide caps are serialised by an advisory lock on the pool.
 - The reaper also vacuums the job table when dead row versions pile up (``vacuum_if_due``).
@@ -17,15 +18,29 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Connection, Float, String, cast, create_engine, event, extract, func, text
+from sqlalchemy import (
+    Connection,
+    Float,
+    String,
+    cast,
+    create_engine,
+    event,
+    extract,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
-from supervisor.model import Ack, Lease, ReapOutcome
-from supervisor.store.sql import SqlStore
+from supervisor.model import Ack, Lease, NewJob, ReapOutcome
+from supervisor.store.schema import jobs
+from supervisor.store.sql import SqlStore, _params
 from supervisor.store.wake import PostgresWaker
 
 NOTIFY_CHANNEL = "fleetd_jobs"
@@ -56,6 +71,25 @@ class PostgresStore(SqlStore):
 
     def waker(self) -> PostgresWaker:
         return PostgresWaker(self._conninfo, NOTIFY_CHANNEL)
+
+    def enqueue(self, job: NewJob) -> int:
+        """One job without a key is one statement in autocommit: the insert and its NOTIFY
+        together, one round trip that commits itself, where a transaction takes three (the
+        insert with its BEGIN, the NOTIFY, the COMMIT). On an idle machine that was ~1 ms of
+        a 2.9 ms call, and all of it is pickup latency: the job's ``enqueued_at`` is its
+        transaction's start. A keyed job takes the shared path (its conflict check)."""
+        if job.key is not None:
+            return super().enqueue(job)
+        with self._auto() as conn:
+            return int(self._exec(conn, self._enqueue_one_stmt, _params(job)).scalar_one())
+
+    @cached_property
+    def _enqueue_one_stmt(self) -> Any:
+        inserted = (
+            insert(jobs).values(self._row_values()).returning(jobs.c.id, jobs.c.pool).cte("new")
+        )
+        notify = func.pg_notify(literal(NOTIFY_CHANNEL), inserted.c.pool)
+        return select(inserted.c.id, notify)
 
     def ack(self, acks: Sequence[Ack]) -> list[Lease]:
         """One statement for the whole batch (arrays unnested into rows), in autocommit: one

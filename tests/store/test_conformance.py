@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import select
+import time
 
 import pytest
 
@@ -36,6 +38,26 @@ def test_enqueue_many_returns_ids_in_order_and_stores_fields(store, clock):
     assert first.state is JobState.QUEUED and first.attempts == 0 and first.pool == "bulk"
     assert first.enqueued_at == clock.now() == first.available_at
     assert store.get(ids[1]).payload == {"a": 2}
+
+
+def test_every_enqueue_path_wakes_waiting_supervisors_with_the_pool(store):
+    # one job (PostgreSQL: one statement, its insert and NOTIFY together), a keyed one, a batch
+    waker = store.waker()
+    try:
+        for enqueue, pool in (
+            (lambda: store.enqueue(job(pool="solo")), "solo"),
+            (lambda: store.enqueue(job(pool="keyed", key="k")), "keyed"),
+            (lambda: store.enqueue_many([job(pool="batch"), job(pool="batch")]), "batch"),
+        ):
+            enqueue()
+            heard: set[str] = set()
+            deadline = time.monotonic() + 5
+            while pool not in heard and time.monotonic() < deadline:
+                select.select([waker.fileno()], [], [], 0.1)
+                heard |= waker.drain()
+            assert pool in heard
+    finally:
+        waker.close()
 
 
 def test_key_is_idempotent_per_kind(store):
