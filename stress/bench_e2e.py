@@ -64,23 +64,33 @@ def run(args: argparse.Namespace) -> int:
     ):
         table.add_column(name, justify="right")
     for engine in engines:
-        with tempfile.TemporaryDirectory(prefix="fleetd-e2e-") as tmp:
-            url = f"sqlite:///{tmp}/e2e.db" if engine == "sqlite" else _fresh_pg(args.postgres_url)
-            row = _measure(Path(tmp), url, args)
+        with scratch_database(engine, args.postgres_url, "e2e") as (folder, url):
+            row = _measure(folder, url, args)
             table.add_row(engine, *row)
     Console().print(table)
     return 0
 
 
-def _fresh_pg(base: str) -> str:
-    import psycopg
+@contextmanager
+def scratch_database(engine: str, postgres_url: str, name: str) -> Iterator[tuple[Path, str]]:
+    """A temporary folder and a database URL for one measurement: a SQLite file in the folder,
+    or a fresh PostgreSQL schema, dropped at the end (every run used to leave one behind)."""
+    with tempfile.TemporaryDirectory(prefix=f"fleetd-{name}-") as tmp:
+        if engine == "sqlite":
+            yield Path(tmp), f"sqlite:///{tmp}/{name}.db"
+            return
+        import psycopg
 
-    schema = f"bench_e2e_{os.getpid()}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        conn.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}options=-csearch_path%3D{schema}"
+        schema = f"bench_{name}_{os.getpid()}"
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            conn.execute(f"CREATE SCHEMA {schema}")
+        sep = "&" if "?" in postgres_url else "?"
+        try:
+            yield Path(tmp), f"{postgres_url}{sep}options=-csearch_path%3D{schema}"
+        finally:
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def write_fleet(folder: Path, url: str, pools: str) -> Path:
@@ -142,11 +152,13 @@ memory_limit = false
         _ms(q[98]),
         _ms(max(pickups)),
         _ms(statistics.median(round_trips)),
-        _ms(cpu_per_job * 1000),
+        "n/a (drain too short)" if cpu_per_job is None else _ms(cpu_per_job * 1000),
     ]
 
 
-def _throughput(client: Client, ids: list[int], parent: psutil.Process) -> tuple[float, float]:
+def _throughput(
+    client: Client, ids: list[int], parent: psutil.Process
+) -> tuple[float, float | None]:
     """Jobs per second of the drain, and the supervisor's own CPU seconds per job over it
     (user + system, from the first finished job to the last: its boot excluded)."""
     first_done: tuple[float, int] | None = None
@@ -157,8 +169,9 @@ def _throughput(client: Client, ids: list[int], parent: psutil.Process) -> tuple
     cpu_end = _cpu(parent)
     jobs = client.store.list_jobs(limit=len(ids) + 10)
     done_end = sum(1 for j in jobs if j.state is JobState.DONE)  # stats() caps its counts
-    start = first_done or (0.0, 0)
-    cpu_per_job = (cpu_end - start[0]) / max(1, done_end - start[1])
+    cpu_per_job = None  # the drain ended before a first reading: too short to tell
+    if first_done is not None and done_end > first_done[1]:
+        cpu_per_job = (cpu_end - first_done[0]) / (done_end - first_done[1])
     first = min(j.started_at for j in jobs if j.started_at)
     last = max(j.finished_at for j in jobs if j.finished_at)
     return len(jobs) / (last - first), cpu_per_job

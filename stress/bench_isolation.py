@@ -14,14 +14,12 @@ import argparse
 import os
 import random
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from stress.bench_e2e import _fresh_pg, running_supervisor, write_fleet
+from stress.bench_e2e import running_supervisor, scratch_database, write_fleet
 from supervisor.client import Client
 from supervisor.model import JobState
 
@@ -55,12 +53,11 @@ memory_limit = false
 
 
 def run(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="fleetd-iso-") as tmp:
-        url = f"sqlite:///{tmp}/iso.db" if args.engine == "sqlite" else _fresh_pg(args.postgres_url)
-        config = write_fleet(Path(tmp), url, POOLS)
+    with scratch_database(args.engine, args.postgres_url, "iso") as (tmp, url):
+        config = write_fleet(tmp, url, POOLS)
         with (
             Client.from_config(config) as client,
-            running_supervisor(config, Path(tmp) / "log"),
+            running_supervisor(config, tmp / "log"),
         ):
             time.sleep(2.0)  # boot
             idle = _pickups(client, args.samples)

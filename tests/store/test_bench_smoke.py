@@ -65,6 +65,35 @@ def test_bench_bare_finishes_every_job_on_both_engines() -> None:
     assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1]
 
 
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_bench_e2e_runs_on_both_engines_and_leaves_no_schema_behind() -> None:
+    import psycopg
+
+    base = postgres_base_url()
+    plain = base.replace("postgresql+psycopg://", "postgresql://")
+
+    def bench_schemas() -> set[str]:
+        with psycopg.connect(plain) as conn:
+            query = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench_e2e_%'"
+            return {row[0] for row in conn.execute(query)}
+
+    before = bench_schemas()
+    command = ["bench-e2e", "--jobs", "300", "--pickups", "1", "--postgres-url", base]
+    proc = subprocess.run(
+        [sys.executable, "-m", "stress", *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if " 300 " in line]
+    assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1], proc.stdout
+    assert bench_schemas() <= before  # its schema was dropped (other runs' may remain)
+
+
 def _fill(store: Any, count: int) -> None:
     new = NewJob(kind="render", pool="bulk", payload=json.dumps({"n": 1}), max_deliveries=3)
     for start in range(0, count, 1000):
