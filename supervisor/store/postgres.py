@@ -40,7 +40,7 @@ from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.model import Ack, Lease, NewJob, ReapOutcome
 from supervisor.store.schema import jobs
-from supervisor.store.sql import SqlStore, _params
+from supervisor.store.sql import SqlStore, job_params
 from supervisor.store.wake import PostgresWaker
 
 NOTIFY_CHANNEL = "fleetd_jobs"
@@ -75,13 +75,13 @@ class PostgresStore(SqlStore):
     def enqueue(self, job: NewJob) -> int:
         """One job without a key is one statement in autocommit: the insert and its NOTIFY
         together, one round trip that commits itself, where a transaction takes three (the
-        insert with its BEGIN, the NOTIFY, the COMMIT). On an idle machine that was ~1 ms of
-        a 2.9 ms call, and all of it is pickup latency: the job's ``enqueued_at`` is its
-        transaction's start. A keyed job takes the shared path (its conflict check)."""
+        insert with its BEGIN, the NOTIFY, the COMMIT). All of it is pickup latency (the
+        job's ``enqueued_at`` is its transaction's start): on an idle fleet, 2.8 -> 1.9 ms
+        p50 (docs/benchmarks.md). A keyed job takes the shared path (its conflict check)."""
         if job.key is not None:
             return super().enqueue(job)
         with self._auto() as conn:
-            return int(self._exec(conn, self._enqueue_one_stmt, _params(job)).scalar_one())
+            return int(self._exec(conn, self._enqueue_one_stmt, job_params(job)).scalar_one())
 
     @cached_property
     def _enqueue_one_stmt(self) -> Any:

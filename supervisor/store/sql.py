@@ -199,7 +199,7 @@ class SqlStore:
     def _insert_plain(self, conn: Connection, new: list[NewJob]) -> list[int]:
         if not new:
             return []
-        rows = [self._with_now(_params(j)) for j in new]
+        rows = [self._with_now(job_params(j)) for j in new]
         return list(conn.execute(self._insert_stmt, rows).scalars())
 
     def _with_now(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -219,7 +219,7 @@ class SqlStore:
         return keyed.returning(jobs.c.id)
 
     def _insert_keyed(self, conn: Connection, job: NewJob) -> int:
-        inserted = self._exec(conn, self._insert_keyed_stmt, _params(job)).scalar()
+        inserted = self._exec(conn, self._insert_keyed_stmt, job_params(job)).scalar()
         if inserted is not None:
             return int(inserted)
         found = select(jobs.c.id).where(jobs.c.kind == job.kind, jobs.c.key == job.key)
@@ -947,7 +947,8 @@ def _pairs(leases: Sequence[Lease]) -> list[tuple[int, str]]:
     return [(x.job_id, x.token) for x in leases]
 
 
-def _params(job: NewJob) -> dict[str, Any]:
+def job_params(job: NewJob) -> dict[str, Any]:
+    """The bound values of one job's insert (``SqlStore._row_values`` names them)."""
     return {
         "kind": job.kind,
         "pool": job.pool,

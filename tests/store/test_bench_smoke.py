@@ -30,18 +30,23 @@ from tests.support.databases import postgres_base_url, postgres_schema_url
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_bench_store_quick_runs_and_prints_a_table() -> None:
+def run_stress(*command: str, timeout: float = 90) -> str:
+    """``python -m stress <command>``: its output, once it exited 0."""
     proc = subprocess.run(
-        [sys.executable, "-m", "stress", "bench-store", "--quick", "--engine", "sqlite"],
+        [sys.executable, "-m", "stress", *command],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},  # rich would cut headers at 80 columns
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_store_quick_runs_and_prints_a_table() -> None:
+    out = run_stress("bench-store", "--quick", "--engine", "sqlite")
     assert "bench-store: rates" in out and "claim+ack x64" in out
     assert "sqlite" in out and "2,000" in out  # one row: the engine and the queue size
     assert "over a long run" in out
@@ -50,18 +55,10 @@ def test_bench_store_quick_runs_and_prints_a_table() -> None:
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_bench_bare_finishes_every_job_on_both_engines() -> None:
-    # the bench makes and drops a schema of its own on the suite's PostgreSQL
-    command = ["bench-bare", "--jobs", "2000", "--postgres-url", postgres_base_url()]
-    proc = subprocess.run(
-        [sys.executable, "-m", "stress", *command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]  # it raises unless every job was acked
-    rows = [line for line in proc.stdout.splitlines() if "2000" in line]
+    # the bench makes and drops a schema of its own on the suite's PostgreSQL; it raises
+    # (exits non-zero) unless every job was acked
+    out = run_stress("bench-bare", "--jobs", "2000", "--postgres-url", postgres_base_url())
+    rows = [line for line in out.splitlines() if "2000" in line]
     assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1]
 
 
@@ -80,17 +77,9 @@ def test_bench_e2e_runs_on_both_engines_and_leaves_no_schema_behind() -> None:
 
     before = bench_schemas()
     command = ["bench-e2e", "--jobs", "300", "--pickups", "1", "--postgres-url", base]
-    proc = subprocess.run(
-        [sys.executable, "-m", "stress", *command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line for line in proc.stdout.splitlines() if " 300 " in line]
-    assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1], proc.stdout
+    out = run_stress(*command, timeout=120)
+    rows = [line for line in out.splitlines() if " 300 " in line]
+    assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1], out
     assert bench_schemas() <= before  # its schema was dropped (other runs' may remain)
 
 
