@@ -13,11 +13,11 @@ many jobs are queued:
   pages. Without it that query reads every queued row.
 - ``ix_jobs_lease``: the reaper's scan of expired leases, over leased rows only.
 - ``ix_jobs_finished``: prune of done jobs past the retention, and the recent-completions window.
-- ``ix_jobs_queued``, ``ix_jobs_dead`` (migration 4): listing and counting queued and dead jobs
-  by pool; leased and done rows are listed and counted through ``ix_jobs_leased`` and
-  ``ix_jobs_finished``. (Migration 4 replaced ``ix_jobs_state``, over every row.)
-- ``uq_jobs_key`` (migration 4): the idempotency key, unique per kind, over keyed rows only
-  (it replaced ``uq_jobs_kind_key``, over every row; NULL keys never collided).
+- ``ix_jobs_state`` (SQLite) or ``ix_jobs_queued`` and ``ix_jobs_dead`` (PostgreSQL, migration
+  4): listing and counting by state; on PostgreSQL leased and done rows are listed and counted
+  through ``ix_jobs_leased`` and ``ix_jobs_finished``. Why per dialect: at the indexes below.
+- ``uq_jobs_kind_key`` (SQLite) or ``uq_jobs_key`` (PostgreSQL, migration 4, over keyed rows
+  only): the idempotency key, unique per kind (NULL keys never collide).
 - ``ix_jobs_tenant_claim`` (migration 3): the capped, fair claim's scans over queued rows: one
   probe per distinct tenant of a pool (a skip scan), then each tenant's first rows in claim
   order. Jobs without a tenant are the tenant ``''`` (``TENANT``), so the index covers them.
@@ -98,17 +98,35 @@ Index(
 Index("ix_jobs_ready_age", jobs.c.pool, jobs.c.available_at, **_partial("state = 'queued'"))
 Index("ix_jobs_lease", jobs.c.locked_until, **_partial("state = 'leased'"))
 Index("ix_jobs_finished", jobs.c.pool, jobs.c.finished_at, **_partial("state = 'done'"))
-# (migration 4) Listing and counting by state. Partial, per state, and none for leased or done:
-# PostgreSQL adds an entry to every index whose predicate the new row version matches, on every
-# update that changes an indexed column (a state change always does), so an index over every
-# row costs each claim and each ack an insertion; a leased or done row is found through
-# ix_jobs_leased or ix_jobs_finished instead.
-ix_jobs_queued = Index("ix_jobs_queued", jobs.c.pool, jobs.c.id, **_partial("state = 'queued'"))
-ix_jobs_dead = Index("ix_jobs_dead", jobs.c.pool, jobs.c.id, **_partial("state = 'dead'"))
-# (migration 4) The idempotency key, unique per kind, over keyed rows only (NULL keys never
-# collided anyway, so nothing else changes; keyless rows no longer pay for an entry).
+# Listing and counting by state, and the idempotency key: per dialect, because the engines
+# maintain indexes differently. PostgreSQL adds an entry to every index whose predicate the new
+# row version matches on each update that changes an indexed column (a state change always
+# does), so an index over every row costs each claim and each ack an insertion there: it gets
+# partial indexes (migration 4), queued and dead rows by pool (leased and done rows are found
+# through ix_jobs_leased and ix_jobs_finished), and the key over keyed rows only. SQLite
+# rewrites only the indexes whose columns change, and counts a state only from an index that
+# has the state as a column (covering), so it keeps the indexes over every row.
+ix_jobs_state = Index("ix_jobs_state", jobs.c.state, jobs.c.pool, jobs.c.id).ddl_if(
+    dialect="sqlite"
+)
+ix_jobs_queued = Index(
+    "ix_jobs_queued", jobs.c.pool, jobs.c.id, **_partial("state = 'queued'")
+).ddl_if(dialect="postgresql")
+ix_jobs_dead = Index("ix_jobs_dead", jobs.c.pool, jobs.c.id, **_partial("state = 'dead'")).ddl_if(
+    dialect="postgresql"
+)
+# The idempotency key, unique per kind (NULL keys never collide). Inserts name the conflict
+# target with this predicate, which both engines match to either index. A PostgreSQL database
+# made before migration 4 keeps uq_jobs_kind_key beside uq_jobs_key: a node still running older
+# code names (kind, key) without the predicate, which only the full index matches (see
+# migrations._v4_postgres_partial_indexes).
 KEYED = "key IS NOT NULL"
-uq_jobs_key = Index("uq_jobs_key", jobs.c.kind, jobs.c.key, unique=True, **_partial(KEYED))
+uq_jobs_kind_key = Index("uq_jobs_kind_key", jobs.c.kind, jobs.c.key, unique=True).ddl_if(
+    dialect="sqlite"
+)
+uq_jobs_key = Index("uq_jobs_key", jobs.c.kind, jobs.c.key, unique=True, **_partial(KEYED)).ddl_if(
+    dialect="postgresql"
+)
 
 # The tenant as the capped claim groups it: no tenant is the tenant ''. A literal, not a bound
 # parameter: SQLite uses an expression index only for the very same expression.
