@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from supervisor.errors import StoreUnavailable
+
 # command name -> (module, one-line help). The help lives here so --help imports nothing.
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench-store": (
@@ -65,7 +67,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     command.formatter_class = argparse.RawDescriptionHelpFormatter
     module.add_arguments(command)
-    return int(module.run(command.parse_args(rest)))
+    parsed = command.parse_args(rest)
+    try:
+        return int(module.run(parsed))
+    except (StoreUnavailable, *_unreachable()) as exc:  # a database the command cannot reach
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"python -m stress {args.command}: database unavailable: {first}", file=sys.stderr)
+        return 2
+
+
+def _unreachable() -> tuple[type[Exception], ...]:
+    """The drivers' errors for a database that cannot be reached or opened (a command may use
+    a driver directly); their other errors are bugs and keep their traceback."""
+    import sqlite3
+
+    try:
+        import psycopg
+    except ImportError:  # installed with the postgres or dev extra only
+        return (sqlite3.OperationalError,)
+    return (sqlite3.OperationalError, psycopg.OperationalError)
 
 
 if __name__ == "__main__":

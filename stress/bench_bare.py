@@ -32,6 +32,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from stress.arguments import positive_int
+
 HELP = "the bare reference: a minimal claim/feed/ack loop that fleetd's figures are read against"
 BATCH = 100  # jobs claimed, and acked, per statement
 IN_FLIGHT = 50  # jobs sent to a child ahead of its results
@@ -45,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--postgres-url",
         default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
     )
-    parser.add_argument("--jobs", type=int, default=20000)
-    parser.add_argument("--children", type=int, default=2)
+    parser.add_argument("--jobs", type=positive_int, default=20000)
+    parser.add_argument("--children", type=positive_int, default=2)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from stress.arguments import positive_int
 from supervisor.client import Client
 from supervisor.model import JobState
 
@@ -44,9 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--postgres-url",
         default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
     )
-    parser.add_argument("--jobs", type=int, default=5000, help="backlog for the throughput run")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--pickups", type=int, default=20, help="idle pickups to time")
+    parser.add_argument(
+        "--jobs", type=positive_int, default=5000, help="backlog for the throughput run"
+    )
+    parser.add_argument("--workers", type=positive_int, default=2)
+    parser.add_argument("--pickups", type=positive_int, default=20, help="idle pickups to time")
 
 
 def run(args: argparse.Namespace) -> int:
