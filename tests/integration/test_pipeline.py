@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.client import Client
 from supervisor.model import ErrorKind, JobState
+from supervisor.policy import pipeline_depth, recent_duration
 from tests.integration.fleet import Harness, Supervisor, handlers
 from tests.support.wait import eventually
 
@@ -35,15 +36,26 @@ def quick_pool(**extra: Any) -> dict[str, dict[str, Any]]:
 
 
 def start_warm(
-    fleet: Harness, pools: dict[str, dict[str, Any]], **fleet_keys: Any
+    fleet: Harness, pools: dict[str, dict[str, Any]], depth: int = 6, **fleet_keys: Any
 ) -> tuple[Supervisor, Client]:
-    """Configure and start a fleet of ``pools``, then run short jobs first: a pool pipelines
-    only once it has measured its jobs as short."""
+    """Configure and start a fleet of ``pools``, then run short jobs until the pool pipelines
+    at least ``depth`` jobs a worker. The pool's estimate jumps up at once on one slow job and
+    decays 5 % a job: on a loaded machine one noop descheduled for 4 ms stops pipelining for
+    ~40 jobs, so the warm-up folds the recorded durations the way the pool does (in finish
+    order: one worker) and goes on until the estimate allows ``depth``."""
     fleet.configure(pools, **fleet_keys)
     sup = fleet.start("node-a")
     assert fleet.client is not None
-    fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(20)]))
-    return sup, fleet.client
+    limit = next(iter(pools.values()))["pipeline"]
+    estimate: float | None = None
+    for _ in range(20):
+        jobs = fleet.wait_final(fleet.client.enqueue_many([("noop", {}) for _ in range(20)]))
+        for job in sorted(jobs, key=lambda j: (j.finished_at or 0.0, j.id)):
+            assert job.duration is not None, job
+            estimate = recent_duration(estimate, job.duration)
+        if pipeline_depth(estimate, limit) >= depth:
+            return sup, fleet.client
+    raise AssertionError(f"the pool never measured its noops as short (estimate {estimate})")
 
 
 def long_job_running(fleet: Harness, seconds: float, pools: dict[str, dict[str, Any]]) -> int:
