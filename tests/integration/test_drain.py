@@ -15,7 +15,9 @@ from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
 
-GRACE = 1.0
+# long enough that the moment between SIGTERM and the grace period's end (the prefetched jobs
+# released, the running ones still leased) is not missed by a poll on a loaded machine
+GRACE = 2.0
 
 
 def states(fleet: Harness, ids: list[int]) -> dict[JobState, list[int]]:
@@ -92,7 +94,7 @@ def test_a_second_signal_skips_the_grace_period(fleet: Harness) -> None:
     start = time.monotonic()
     a.signal(signal.SIGINT)  # Ctrl-C, the second time
     assert a.wait_exit(timeout=10) == 0
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 5.0  # not the 60 s grace period
     (job,) = fleet.jobs([job_id])
     assert job.state == JobState.QUEUED and job.attempts == 0, job
 

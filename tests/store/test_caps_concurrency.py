@@ -37,7 +37,7 @@ def worker(url: str, index: int, start: Any, results: Any) -> None:
     rng = random.Random(index)
     spans: list[tuple[str, float, float, float, float]] = []  # tenant, outer/inner start/end
     try:
-        start.wait()
+        start.wait(timeout=DEADLINE)
         while True:
             before = time.monotonic()
             got = store.claim(
@@ -87,11 +87,12 @@ def test_pool_and_tenant_caps_hold_under_concurrent_claims(db_url: str) -> None:
         store.close()
 
     ctx = mp.get_context("spawn")
-    start, results = ctx.Event(), ctx.Queue()
+    # every child opens its store, then all start together (a spawned child takes a second to
+    # import: a gate opened by the parent would open before the first one got there)
+    start, results = ctx.Barrier(PROCESSES), ctx.Queue()
     procs = [ctx.Process(target=worker, args=(db_url, i, start, results)) for i in range(PROCESSES)]
     for p in procs:
         p.start()
-    start.set()
     spans = []
     try:
         for _ in procs:

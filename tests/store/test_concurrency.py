@@ -32,7 +32,7 @@ def drain(url: str, index: int, start: Any, results: Any) -> None:
     acked: list[int] = []
     lost: list[int] = []
     try:
-        start.wait()
+        start.wait(timeout=DEADLINE)
         node = f"proc-{index}"
         while claimed := store.claim(
             pool="bulk", kinds={"render"}, n=BATCH, node=node, lease=LEASE
@@ -65,11 +65,12 @@ def _enqueue_all(url: str) -> list[int]:
 def _run_children(url: str) -> dict[int, tuple[list[int], list[int]]]:
     """Start the children together, collect one report from each, and join them."""
     ctx = mp.get_context("spawn")
-    start, results = ctx.Event(), ctx.Queue()
+    # every child opens its store, then all start together (a spawned child takes a second to
+    # import: a gate opened by the parent would open before the first one got there)
+    start, results = ctx.Barrier(PROCESSES), ctx.Queue()
     procs = [ctx.Process(target=drain, args=(url, i, start, results)) for i in range(PROCESSES)]
     for p in procs:
         p.start()
-    start.set()
     reports: dict[int, tuple[list[int], list[int]]] = {}
     try:
         for _ in procs:

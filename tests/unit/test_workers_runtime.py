@@ -360,12 +360,12 @@ def test_a_bad_frame_exits_protocol_error(spawn: Callable[..., Worker]) -> None:
 def test_sigterm_and_sigint_are_ignored_even_mid_job(spawn: Callable[..., Worker]) -> None:
     w = spawn()
     w.ready()
-    w.send(RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
+    w.send(RunJob(1, "sleep", json.dumps({"seconds": 1.0}), 1, time.time() + 60, "t"))
     w.wait_running(1)
     os.kill(w.pid, signal.SIGTERM)
     os.kill(w.pid, signal.SIGINT)
     done = w.recv()
-    assert isinstance(done, JobDone) and json.loads(done.result) == 0.3
+    assert isinstance(done, JobDone) and json.loads(done.result) == 1.0
     assert w.alive()
 
 
@@ -563,7 +563,7 @@ def test_jobs_sent_ahead_run_in_order(spawn: Callable[..., Worker]) -> None:
 def test_release_hands_back_the_jobs_not_started(spawn: Callable[..., Worker]) -> None:
     w = spawn()
     w.ready()
-    w.send(RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
+    w.send(RunJob(1, "sleep", json.dumps({"seconds": 1.0}), 1, time.time() + 60, "t"))
     w.send(RunJob(2, "echo", json.dumps({}), 1, time.time() + 60, "t"))
     w.send(Ping(5))
     w.send(RunJob(3, "echo", json.dumps({}), 1, time.time() + 60, "t"))
@@ -584,7 +584,7 @@ def test_a_worker_with_nothing_left_to_run_says_idle(spawn: Callable[..., Worker
     took the queued one back) it says idle."""
     w = spawn()
     w.ready()
-    w.send(RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
+    w.send(RunJob(1, "sleep", json.dumps({"seconds": 1.0}), 1, time.time() + 60, "t"))
     w.send(RunJob(2, "echo", json.dumps({}), 1, time.time() + 60, "t"))
     w.wait_running(1)
     w.send(protocol.Release())
