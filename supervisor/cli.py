@@ -25,9 +25,10 @@ config_option = click.option(
     "--config",
     "config_path",
     envvar="FLEETD_CONFIG",
+    show_envvar=True,
     required=True,
     type=click.Path(dir_okay=False),
-    help="fleet.toml to use (or set FLEETD_CONFIG).",
+    help="fleet.toml to use.",
 )
 
 
@@ -49,10 +50,20 @@ def friendly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _client(config_path: str) -> Any:
+def _client(config_path: str, *, create: bool = False, pool: str | None = None) -> Any:
+    """A client on the config's database. Only ``enqueue`` creates a SQLite database that is
+    not there yet (as ``fleetd start`` does): a command that reads or fixes up jobs meets a
+    mistyped path with an error, not with a new empty queue that looks healthy. ``pool``, a
+    --pool filter, must name a pool of the config (a typo would match nothing, silently)."""
     from supervisor.client import Client
+    from supervisor.config import load_config
+    from supervisor.errors import UnknownPool
 
-    return Client.from_config(config_path)
+    config = load_config(config_path)
+    if pool is not None and pool not in config.pools:
+        known = ", ".join(config.pools)
+        raise UnknownPool(f"{config.path.name}: no pool {pool!r} (pools: {known})")
+    return Client.from_config(config, create=create)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -141,7 +152,7 @@ def enqueue(
         payload = json.loads(payload_json)
     except json.JSONDecodeError as exc:
         raise PayloadError(f"PAYLOAD_JSON is not JSON: {exc}") from None
-    with _client(config_path) as client:
+    with _client(config_path, create=True) as client:
         click.echo(
             client.enqueue(kind, payload, tenant=tenant, key=key, priority=priority, delay=delay)
         )
@@ -159,7 +170,7 @@ _STATES = click.Choice([s.value for s in JobState])
 @friendly
 def jobs(config_path: str, state: str | None, pool: str | None, limit: int, as_json: bool) -> None:
     """List jobs by id."""
-    with _client(config_path) as client:
+    with _client(config_path, pool=pool) as client:
         found = client.store.list_jobs(
             state=JobState(state) if state else None, pool=pool, limit=limit
         )
@@ -177,45 +188,75 @@ def _print_jobs(found: list[Job], as_json: bool) -> None:
 
 
 @main.group()
-def dlq() -> None:
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    envvar="FLEETD_CONFIG",
+    type=click.Path(dir_okay=False),
+    help="fleet.toml to use (or set FLEETD_CONFIG); also accepted after the subcommand.",
+)
+@click.pass_context
+def dlq(ctx: click.Context, config_path: str | None) -> None:
     """The dead-letter queue: list, requeue or purge dead jobs."""
+    ctx.obj = config_path
+
+
+# the contract writes ``fleetd dlq -c fleet.toml requeue 17``; the subcommands take -c too
+dlq_config_option = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="fleet.toml to use (or give it before the subcommand, or set FLEETD_CONFIG).",
+)
+
+
+def _dlq_config(config_path: str | None) -> str:
+    """The subcommand's -c, else the group's (given or from FLEETD_CONFIG)."""
+    chosen = config_path or click.get_current_context().obj
+    if not chosen:
+        raise click.UsageError("Missing option '-c' / '--config' (or set FLEETD_CONFIG).")
+    return str(chosen)
 
 
 @dlq.command("list")
-@config_option
+@dlq_config_option
 @click.option("--pool", help="Only dead jobs of this pool.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 @friendly
-def dlq_list(config_path: str, pool: str | None, limit: int, as_json: bool) -> None:
+def dlq_list(config_path: str | None, pool: str | None, limit: int, as_json: bool) -> None:
     """List dead jobs with their last error."""
-    with _client(config_path) as client:
+    with _client(_dlq_config(config_path), pool=pool) as client:
         _print_jobs(client.store.dlq_list(pool=pool, limit=limit), as_json)
 
 
 @dlq.command("requeue")
-@config_option
+@dlq_config_option
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "everything", is_flag=True, help="Every dead job (of --pool).")
 @click.option("--pool", help="With --all: only this pool's dead jobs.")
 @friendly
-def dlq_requeue(config_path: str, ids: tuple[int, ...], everything: bool, pool: str | None) -> None:
+def dlq_requeue(
+    config_path: str | None, ids: tuple[int, ...], everything: bool, pool: str | None
+) -> None:
     """Give dead jobs a fresh delivery budget: IDS, or --all."""
     if bool(ids) == everything:
         raise click.UsageError("give job IDS or --all (not both)")
-    with _client(config_path) as client:
+    with _client(_dlq_config(config_path), pool=pool) as client:
         done = client.store.dlq_requeue(None if everything else list(ids), pool=pool)
     click.echo(f"requeued {len(done)} job(s)")
 
 
 @dlq.command("purge")
-@config_option
+@dlq_config_option
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--pool", help="Only this pool's dead jobs.")
 @friendly
-def dlq_purge(config_path: str, ids: tuple[int, ...], pool: str | None) -> None:
+def dlq_purge(config_path: str | None, ids: tuple[int, ...], pool: str | None) -> None:
     """Delete dead jobs: IDS, or every dead job (of --pool) when no id is given."""
-    with _client(config_path) as client:
+    with _client(_dlq_config(config_path), pool=pool) as client:
         count = client.store.dlq_purge(list(ids) or None, pool=pool)
     click.echo(f"purged {count} job(s)")
 

@@ -32,10 +32,14 @@ class Client:
         self.store = store if store is not None else open_store(config.database)
 
     @classmethod
-    def from_config(cls, path: str | Path | FleetConfig, *, clock: Clock | None = None) -> Self:
-        """A client for the fleet described by a fleet.toml (or an already loaded config)."""
+    def from_config(
+        cls, path: str | Path | FleetConfig, *, clock: Clock | None = None, create: bool = True
+    ) -> Self:
+        """A client for the fleet described by a fleet.toml (or an already loaded config).
+        ``create=False``: a SQLite database that does not exist yet is an error (StoreError)
+        rather than created empty."""
         config = path if isinstance(path, FleetConfig) else load_config(path)
-        return cls(config, open_store(config.database, clock))
+        return cls(config, open_store(config.database, clock, create=create))
 
     def close(self) -> None:
         self.store.close()

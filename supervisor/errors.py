@@ -32,6 +32,10 @@ class UnknownKind(FleetdError):
     """A job kind that no pool of this config handles."""
 
 
+class UnknownPool(FleetdError):
+    """A pool name (a --pool filter) that this config does not configure."""
+
+
 class JobNotFound(FleetdError):
     """No job with that id."""
 

@@ -217,6 +217,14 @@ def build_view(
     )
     pools = tuple(_summary(name, configured.get(name), stats.get(name), live) for name in names)
     problems = [p for n in nodes for p in n.verdict.problems]
+    if not live:  # a probe of a fleet whose supervisors are all down must not pass
+        problems.append(
+            health.Problem(
+                "-",
+                "no_live_node",
+                "no supervisor using this database is running: nothing will be claimed",
+            )
+        )
     for pool in pools:
         if pool.ready and pool.nodes == 0:
             problems.append(

@@ -25,4 +25,8 @@ def jobs_table(found: list[Job], console: Console | None = None) -> None:
             (iso(job.enqueued_at) or "")[:19],
             error,
         )
-    (console or Console()).print(table if found else "no jobs")
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped: one line a job, for grep, not wrapped at 80
+            console = Console(width=100_000)
+    console.print(table if found else "no jobs")

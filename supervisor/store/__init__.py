@@ -88,9 +88,13 @@ def display_url(url: str) -> str:
         return "<not a database URL>"
 
 
-def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True) -> Store:
+def open_store(
+    url: str, clock: Clock | None = None, *, migrate: bool = True, create: bool = True
+) -> Store:
     """Open (and by default migrate) the store at a SQLAlchemy URL. A URL that cannot be
-    parsed, reached or migrated raises ``StoreError`` with one line that says which and why."""
+    parsed, reached or migrated raises ``StoreError`` with one line that says which and why.
+    ``create=False`` (commands that only read or fix up what is there): a SQLite file that
+    does not exist is that error, not a new empty queue at a mistyped path."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -101,7 +105,7 @@ def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True) ->
             f"database {url!r} is not a database URL (expected e.g. "
             "'sqlite:///fleetd.db' or 'postgresql://host/db')"
         ) from exc
-    store = _engine_for(parsed, clock)
+    store = _engine_for(parsed, clock, create)
     if migrate:
         try:
             store.migrate()
@@ -112,12 +116,12 @@ def open_store(url: str, clock: Clock | None = None, *, migrate: bool = True) ->
     return store
 
 
-def _engine_for(url: Any, clock: Clock | None) -> Store:
+def _engine_for(url: Any, clock: Clock | None, create: bool) -> Store:
     backend = url.get_backend_name()
     if backend == "sqlite":
         from supervisor.store.sqlite import SqliteStore
 
-        return SqliteStore(url, clock)
+        return SqliteStore(url, clock, create=create)
     if backend == "postgresql":
         try:
             import psycopg  # noqa: F401

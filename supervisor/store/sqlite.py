@@ -34,13 +34,18 @@ _AUTOCOMMIT = "fleetd_autocommit"
 class SqliteStore(SqlStore):
     dialect = "sqlite"
 
-    def __init__(self, url: URL, clock: Clock | None = None) -> None:
+    def __init__(self, url: URL, clock: Clock | None = None, *, create: bool = True) -> None:
         database = url.database or ""
         if database in ("", ":memory:") or database.startswith("file::memory:"):
             raise StoreError(f"{url}: an in-memory SQLite database cannot be shared; use a file")
         folder = Path(database).parent
         if not folder.is_dir():
             raise StoreError(f"cannot open {url}: folder {str(folder)!r} does not exist")
+        if not create and not Path(database).exists():
+            raise StoreError(
+                f"no database at {database!r} yet "
+                "(fleetd start or fleetd enqueue creates it; is the path right?)"
+            )
         self.path = database
         engine = create_engine(url, pool_size=2, max_overflow=8)
         event.listen(engine, "connect", _on_connect)

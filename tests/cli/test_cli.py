@@ -11,11 +11,16 @@ import pytest
 from click.testing import CliRunner
 
 from supervisor.cli import main
+from supervisor.model import ErrorKind, Failure, NewJob
+from supervisor.store import open_store
 from tests.cli.test_client import write_config
 
 
 @pytest.fixture
 def config(tmp_path: Path, db_url: str) -> Path:
+    """A fleet.toml whose database exists and is empty (commands other than enqueue and
+    start do not create one)."""
+    open_store(db_url).close()
     return write_config(tmp_path, db_url)
 
 
@@ -61,6 +66,10 @@ def test_config_from_the_environment(config):
         (["enqueue"], ["render", "[1]"], "JSON object"),
         (["enqueue"], ["render", "--delay", "later"], "delay"),
         (["dlq", "requeue"], ["1"], "no job with id 1"),
+        (["jobs"], ["--pool", "bulkk"], "no pool 'bulkk' (pools: bulk, fast)"),
+        (["dlq", "list"], ["--pool", "bulkk"], "no pool 'bulkk'"),
+        (["dlq", "purge"], ["--pool", "bulkk"], "no pool 'bulkk'"),
+        (["dlq", "requeue"], ["--all", "--pool", "bulkk"], "no pool 'bulkk'"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(config, command, args, text):
@@ -116,3 +125,73 @@ def test_check_prints_the_sizing_plan_of_the_example_config():
     sizing = plan["pools"]["interactive"]["sizing"]
     assert sizing["ceiling"] <= min(sizing["max_workers"], sizing["max_inflight"])
     assert sizing["binding"] in {"max_workers", "cpu", "memory", "max_inflight"}
+
+
+def _dead_job(db_url: str, error: str = "no doc") -> int:
+    """A job dead-lettered the way a supervisor does it: claimed, then failed for good."""
+    store = open_store(db_url)
+    try:
+        (jid,) = store.enqueue_many([NewJob("render", "bulk", "{}", 4)])
+        (claimed,) = store.claim(pool="bulk", kinds={"render"}, n=1, node="n", lease=30)
+        store.fail([Failure(claimed.lease, ErrorKind.PERMANENT, error, retry_delay=None)])
+        return jid
+    finally:
+        store.close()
+
+
+def test_dlq_takes_the_config_before_or_after_its_subcommand(config, db_url):
+    jid = _dead_job(db_url)
+    # the contract's order, then the subcommand's own option, then the environment
+    listed = run("dlq", "-c", str(config), "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.output)["id"] == jid
+    assert run("dlq", "list", "-c", str(config), "--json").output == listed.output
+    assert run("dlq", "list", "--json", env={"FLEETD_CONFIG": str(config)}).output == listed.output
+    out = run("dlq", "-c", str(config), "requeue", str(jid))
+    assert out.exit_code == 0 and out.output.strip() == "requeued 1 job(s)"
+    assert json.loads(run("jobs", "-c", str(config), "--json").output)["state"] == "queued"
+    missing = CliRunner().invoke(main, ["dlq", "list"], env={"FLEETD_CONFIG": ""})
+    assert missing.exit_code == 2 and "--config" in missing.output
+
+
+def test_a_table_piped_to_another_program_is_one_line_a_job(config, db_url):
+    error = "ValueError: " + " ".join(f"word{i}" for i in range(40))
+    jid = _dead_job(db_url, error)
+    header, row = run("dlq", "list", "-c", str(config)).output.splitlines()  # not a terminal
+    assert header.split()[0] == "id" and row.split()[0] == str(jid)
+    assert error in row
+
+
+def test_dlq_purge_with_the_config_first(config, db_url):
+    _dead_job(db_url)
+    out = run("dlq", "-c", str(config), "purge")
+    assert out.exit_code == 0 and out.output.strip() == "purged 1 job(s)"
+    assert run("jobs", "-c", str(config), "--json").output == ""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["jobs"], ["status", "--json"], ["status", "--once"], ["dlq", "list"], ["check", "--live"]],
+)
+def test_commands_that_read_do_not_create_a_database_at_a_mistyped_path(tmp_path, command):
+    typo = tmp_path / "fleetd-typo.db"
+    config = write_config(tmp_path, f"sqlite:///{typo}")
+    out = CliRunner().invoke(main, [*command, "-c", str(config)])
+    assert out.exit_code == 2, out.output
+    (line,) = out.output.strip().splitlines()
+    assert line.startswith("fleetd: error: no database at") and str(typo) in line
+    assert not typo.exists()
+
+
+def test_enqueue_creates_the_database_as_start_does(tmp_path):
+    db = tmp_path / "fresh.db"
+    config = write_config(tmp_path, f"sqlite:///{db}")
+    out = run("enqueue", "-c", str(config), "render")
+    assert out.exit_code == 0 and out.output.strip().isdigit()
+    assert db.exists()
+
+
+def test_check_live_fails_when_no_supervisor_runs(config):
+    out = CliRunner().invoke(main, ["check", "--live", "-c", str(config)])
+    assert out.exit_code == 1
+    assert "UNHEALTHY (0 live node(s)" in out.output and "no_live_node" in out.output

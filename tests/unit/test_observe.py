@@ -334,12 +334,19 @@ def test_nodes_without_a_heartbeat_are_gone_and_old_stopped_ones_hidden() -> Non
     )
     assert [(n.node_id, n.status) for n in v.nodes] == [("node-a", "gone"), ("recent", "stopped")]
     assert v.hidden_nodes == 1
-    assert [p.reason for p in v.verdict.problems] == ["node_gone"]
+    assert [p.reason for p in v.verdict.problems] == ["node_gone", "no_live_node"]
 
 
 def test_ready_work_with_no_live_node_is_flagged() -> None:
     v = view(stats={"bulk": PoolStats("bulk", ready=5, oldest_ready_age=50.0)})
-    assert [p.reason for p in v.verdict.problems] == ["pool_unserved"]
+    assert [p.reason for p in v.verdict.problems] == ["no_live_node", "pool_unserved"]
+
+
+def test_a_fleet_with_no_live_supervisor_is_unhealthy_even_with_nothing_queued() -> None:
+    stopped = view(row(None, age=3.0, state="stopped"))
+    assert [p.reason for p in stopped.verdict.problems] == ["no_live_node"]
+    assert not view().verdict.healthy  # no node ever started
+    assert view(row(snapshot(pool()), age=1.0)).verdict.healthy
 
 
 # ---- logs ---------------------------------------------------------------------------------
