@@ -123,7 +123,7 @@ def _check_live(config_path: str, as_json: bool) -> None:
         )
         for p in verdict.problems:
             where = " ".join(x for x in (p.node, p.pool or "", p.worker or "") if x and x != "-")
-            click.echo(f"  {p.reason}: {where}: {p.detail}")
+            click.echo(f"  {p.reason}: {where + ': ' if where else ''}{p.detail}")
     sys.exit(0 if verdict.healthy else 1)
 
 

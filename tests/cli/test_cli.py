@@ -194,4 +194,5 @@ def test_enqueue_creates_the_database_as_start_does(tmp_path):
 def test_check_live_fails_when_no_supervisor_runs(config):
     out = CliRunner().invoke(main, ["check", "--live", "-c", str(config)])
     assert out.exit_code == 1
-    assert "UNHEALTHY (0 live node(s)" in out.output and "no_live_node" in out.output
+    assert "UNHEALTHY (0 live node(s)" in out.output
+    assert "  no_live_node: no supervisor using this database is running" in out.output
