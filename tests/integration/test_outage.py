@@ -87,7 +87,8 @@ def test_an_outage_longer_than_the_lease_kills_the_job_and_it_runs_again(
 ) -> None:
     tcp = proxy
     sup = start(fleet, lease="2s")
-    job_id = fleet.enqueue("sleep", {"seconds": 4})
+    # the first run outlasts any delay in seeing it start and in the kill, the second is quick
+    job_id = fleet.enqueue("sleep", {"first_seconds": 30, "seconds": 0.2})
     running = eventually(
         lambda: [w for w in sup.workers(fleet.store, "work") if w["job"] == job_id]
     )
