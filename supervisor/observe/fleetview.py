@@ -15,7 +15,7 @@ store's queue figures. Pure: rows and figures in, a frozen view out (``to_dict``
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from supervisor.model import PoolStats, iso
@@ -106,12 +106,18 @@ class FleetView:
 
     @property
     def workers(self) -> list[WorkerRow]:
+        """Every live node's workers. A running job's elapsed time is advanced by the age of
+        its node's snapshot (written with the heartbeat, about once a second; the age is the
+        database's own reckoning, so no two hosts' clocks are compared)."""
         rows = []
         for node in self.nodes:
             if not node.live or node.snapshot is None:
                 continue
+            lag = max(0.0, node.heartbeat_age)
             for pool in node.snapshot.pools.values():
                 for w in pool.workers:
+                    if w.elapsed is not None and w.state == "busy":
+                        w = replace(w, elapsed=w.elapsed + lag)
                     rows.append(WorkerRow(node.node_id, node.hostname, w, pool.memory_limit))
         return rows
 

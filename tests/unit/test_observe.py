@@ -391,3 +391,10 @@ def test_job_outcomes_log_as_json_with_their_fields() -> None:
     )
     assert "job 7 parse (pool poison) attempt 2/2 dead" in line["msg"]
     assert line["ts"].endswith("Z")
+
+
+def test_a_running_jobs_elapsed_time_counts_the_snapshots_age() -> None:
+    busy, idle = worker("bulk", 1, "busy"), worker("bulk", 2)
+    v = view(row(snapshot(pool(workers=(busy, idle))), age=0.8))
+    shown = {r.worker.slot: r.worker.elapsed for r in v.workers}
+    assert shown == {1: pytest.approx(2.8), 2: None}  # 2.0 s when the node wrote it
