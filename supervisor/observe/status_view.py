@@ -376,7 +376,14 @@ def show_once(read: Callable[[], FleetView], console: Console) -> None:
 
 
 def watch(read: Callable[[], FleetView], console: Console, interval: float) -> None:
-    """Redraw every ``interval`` seconds until interrupted (Ctrl-C)."""
+    """Redraw every ``interval`` seconds until interrupted (Ctrl-C). Not on a terminal (piped
+    to a file or a pager) there is nothing to redraw: each frame is printed after the last,
+    as ``top -b`` does, instead of one frame and then silence."""
+    if not console.is_terminal:
+        while True:
+            show_once(read, console)
+            console.file.flush()
+            time.sleep(interval)
     with Live(console=console, auto_refresh=False, screen=False, transient=False) as live:
         while True:
             live.update(render(read(), console.size.width, console.size.height - 1), refresh=True)

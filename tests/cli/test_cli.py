@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -196,3 +197,25 @@ def test_check_live_fails_when_no_supervisor_runs(config):
     assert out.exit_code == 1
     assert "UNHEALTHY (0 live node(s)" in out.output
     assert "  no_live_node: no supervisor using this database is running" in out.output
+
+
+def test_the_live_view_piped_prints_frame_after_frame_until_ctrl_c(config):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "status", "-c", str(config), "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        frames = 0
+        for line in proc.stdout:  # a frame starts with the fleet's line; wait for three
+            frames += line.startswith("fleetd ")
+            if frames == 3:
+                break
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+        proc.wait()
+    assert frames == 3
