@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from supervisor.errors import FleetdError
 from supervisor.model import Job, JobState
@@ -54,16 +55,24 @@ def _client(config_path: str, *, create: bool = False, pool: str | None = None) 
     """A client on the config's database. Only ``enqueue`` creates a SQLite database that is
     not there yet (as ``fleetd start`` does): a command that reads or fixes up jobs meets a
     mistyped path with an error, not with a new empty queue that looks healthy. ``pool``, a
-    --pool filter, must name a pool of the config (a typo would match nothing, silently)."""
+    --pool filter, must name a pool of the config or one that has jobs in the database (another
+    host's config, a pool since removed): a typo would match nothing, silently."""
     from supervisor.client import Client
-    from supervisor.config import load_config
     from supervisor.errors import UnknownPool
 
-    config = load_config(config_path)
-    if pool is not None and pool not in config.pools:
+    client = Client.from_config(config_path, create=create)
+    config = client.config
+    if (
+        pool is not None
+        and pool not in config.pools
+        and not client.store.list_jobs(pool=pool, limit=1)
+    ):
+        client.close()
         known = ", ".join(config.pools)
-        raise UnknownPool(f"{config.path.name}: no pool {pool!r} (pools: {known})")
-    return Client.from_config(config, create=create)
+        raise UnknownPool(
+            f"{config.path.name}: no pool {pool!r} here or in the database (pools: {known})"
+        )
+    return client
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -193,13 +202,15 @@ def _print_jobs(found: list[Job], as_json: bool) -> None:
     "--config",
     "config_path",
     envvar="FLEETD_CONFIG",
+    show_envvar=True,
     type=click.Path(dir_okay=False),
-    help="fleet.toml to use (or set FLEETD_CONFIG); also accepted after the subcommand.",
+    help="fleet.toml to use; also accepted after the subcommand.",
 )
 @click.pass_context
 def dlq(ctx: click.Context, config_path: str | None) -> None:
     """The dead-letter queue: list, requeue or purge dead jobs."""
-    ctx.obj = config_path
+    given = ctx.get_parameter_source("config_path") is ParameterSource.COMMANDLINE
+    ctx.obj = (config_path, given)
 
 
 # the contract writes ``fleetd dlq -c fleet.toml requeue 17``; the subcommands take -c too
@@ -213,8 +224,12 @@ dlq_config_option = click.option(
 
 
 def _dlq_config(config_path: str | None) -> str:
-    """The subcommand's -c, else the group's (given or from FLEETD_CONFIG)."""
-    chosen = config_path or click.get_current_context().obj
+    """The subcommand's -c, else the group's (given or from FLEETD_CONFIG); two different
+    ones on the command line are a usage error, not a silent choice."""
+    group_path, given = click.get_current_context().obj
+    if config_path and given and config_path != group_path:
+        raise click.UsageError(f"-c given twice ({group_path}, {config_path}): give it once")
+    chosen = config_path or group_path
     if not chosen:
         raise click.UsageError("Missing option '-c' / '--config' (or set FLEETD_CONFIG).")
     return str(chosen)

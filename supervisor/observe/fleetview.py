@@ -223,7 +223,9 @@ def build_view(
     )
     pools = tuple(_summary(name, configured.get(name), stats.get(name), live) for name in names)
     problems = [p for n in nodes for p in n.verdict.problems]
-    if not live:  # a probe of a fleet whose supervisors are all down must not pass
+    # a probe of a fleet whose supervisors are all down must not pass; a fresh row counts
+    # even before its first snapshot or with one this release cannot read
+    if not any(n.status in ("running", "draining") for n in nodes):
         problems.append(
             health.Problem(
                 "-",

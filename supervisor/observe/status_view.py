@@ -251,7 +251,8 @@ def _problem_lines(view: FleetView, limit: int) -> list[Text]:
     lines = []
     for p in problems[:limit]:
         who = " ".join(x for x in (p.node if p.node != "-" else "", p.worker or p.pool or "") if x)
-        lines.append(_line(Text(f"! {who}: ", style="bold red"), Text(p.detail, style="red")))
+        where = f"! {who}: " if who else "! "
+        lines.append(_line(Text(where, style="bold red"), Text(p.detail, style="red")))
     if len(problems) > limit:
         lines.append(
             _line(Text(f"! … {len(problems) - limit} more (fleetd check --live)", style="red"))

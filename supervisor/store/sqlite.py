@@ -41,7 +41,8 @@ class SqliteStore(SqlStore):
         folder = Path(database).parent
         if not folder.is_dir():
             raise StoreError(f"cannot open {url}: folder {str(folder)!r} does not exist")
-        if not create and not Path(database).exists():
+        # a file: URI (uri=true) names its path in URI syntax: SQLite itself resolves it
+        if not create and not database.startswith("file:") and not Path(database).exists():
             raise StoreError(
                 f"no database at {database!r} yet "
                 "(fleetd start or fleetd enqueue creates it; is the path right?)"

@@ -67,7 +67,7 @@ def test_config_from_the_environment(config):
         (["enqueue"], ["render", "[1]"], "JSON object"),
         (["enqueue"], ["render", "--delay", "later"], "delay"),
         (["dlq", "requeue"], ["1"], "no job with id 1"),
-        (["jobs"], ["--pool", "bulkk"], "no pool 'bulkk' (pools: bulk, fast)"),
+        (["jobs"], ["--pool", "bulkk"], "no pool 'bulkk' here or in the database (pools: bulk"),
         (["dlq", "list"], ["--pool", "bulkk"], "no pool 'bulkk'"),
         (["dlq", "purge"], ["--pool", "bulkk"], "no pool 'bulkk'"),
         (["dlq", "requeue"], ["--all", "--pool", "bulkk"], "no pool 'bulkk'"),
@@ -161,6 +161,34 @@ def test_a_table_piped_to_another_program_is_one_line_a_job(config, db_url):
     header, row = run("dlq", "list", "-c", str(config)).output.splitlines()  # not a terminal
     assert header.split()[0] == "id" and row.split()[0] == str(jid)
     assert error in row
+
+
+def test_a_pool_only_the_database_knows_can_be_filtered(config, db_url):
+    # another host's config, or a pool since removed from this one: its jobs are still there
+    store = open_store(db_url)
+    try:
+        (jid,) = store.enqueue_many([NewJob("resize", "retired", "{}", 3)])
+    finally:
+        store.close()
+    out = run("jobs", "-c", str(config), "--pool", "retired", "--json")
+    assert out.exit_code == 0 and json.loads(out.output)["id"] == jid
+
+
+def test_dlq_refuses_two_different_configs(config, tmp_path):
+    other = tmp_path / "other.toml"
+    other.write_text(config.read_text())
+    out = CliRunner().invoke(main, ["dlq", "-c", str(config), "list", "-c", str(other)])
+    assert out.exit_code == 2 and "-c given twice" in out.output
+    same = run("dlq", "-c", str(config), "list", "-c", str(config))
+    assert same.exit_code == 0
+
+
+def test_a_sqlite_file_uri_is_opened_where_sqlite_finds_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative file: URI is SQLite's to resolve, from the cwd
+    config = write_config(tmp_path, "sqlite:///file:uri.db?uri=true")
+    assert run("enqueue", "-c", str(config), "render").exit_code == 0
+    listed = run("jobs", "-c", str(config), "--json")
+    assert listed.exit_code == 0 and json.loads(listed.output)["kind"] == "render"
 
 
 def test_dlq_purge_with_the_config_first(config, db_url):

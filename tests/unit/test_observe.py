@@ -347,6 +347,8 @@ def test_a_fleet_with_no_live_supervisor_is_unhealthy_even_with_nothing_queued()
     assert [p.reason for p in stopped.verdict.problems] == ["no_live_node"]
     assert not view().verdict.healthy  # no node ever started
     assert view(row(snapshot(pool()), age=1.0)).verdict.healthy
+    # registered, first snapshot not yet written (or unreadable): running, so not "none live"
+    assert "no_live_node" not in [p.reason for p in view(row(None, age=1.0)).verdict.problems]
 
 
 # ---- logs ---------------------------------------------------------------------------------
