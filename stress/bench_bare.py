@@ -23,7 +23,6 @@ import selectors
 import socket
 import sqlite3
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stress.arguments import positive_int
+from stress.bench_e2e import scratch_database
 
 HELP = "the bare reference: a minimal claim/feed/ack loop that fleetd's figures are read against"
 BATCH = 100  # jobs claimed, and acked, per statement
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("engine", "jobs", "jobs/s", "parent CPU/1k jobs", "children CPU/1k jobs"):
         table.add_column(name, justify="right")
     for engine in engines:
-        with tempfile.TemporaryDirectory(prefix="fleetd-bare-") as tmp:
-            db = _sqlite(f"{tmp}/bare.db") if engine == "sqlite" else _postgres(args.postgres_url)
+        with scratch_database(engine, args.postgres_url, "bare") as (folder, url):
+            db = _sqlite(str(folder / "bare.db")) if engine == "sqlite" else _postgres(url)
             try:
                 got = measure(db, args.jobs, args.children)
             finally:
@@ -125,12 +125,10 @@ def _sqlite(path: str) -> Db:
 
 
 def _postgres(url: str) -> Db:
+    """On ``url``, a connection whose search_path is a scratch schema (``scratch_database``)."""
     import psycopg
 
     conn = psycopg.connect(url)
-    schema = f"bench_bare_{os.getpid()}"
-    conn.execute(f"CREATE SCHEMA {schema}")
-    conn.execute(f"SET search_path = {schema}")
     conn.execute(
         "CREATE TABLE jobs (id BIGSERIAL PRIMARY KEY, state INTEGER NOT NULL,"
         " payload TEXT NOT NULL, lease_until DOUBLE PRECISION, result TEXT)"
@@ -162,13 +160,7 @@ def _postgres(url: str) -> Db:
         )
         conn.commit()
 
-    def close() -> None:
-        conn.rollback()
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-        conn.commit()
-        conn.close()
-
-    return Db(enqueue, claim, ack, close)
+    return Db(enqueue, claim, ack, conn.close)
 
 
 def measure(db: Db, jobs: int, children: int) -> Figures:
