@@ -21,16 +21,16 @@ from supervisor.model import Job, JobState
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-config_option = click.option(
-    "-c",
-    "--config",
-    "config_path",
-    envvar="FLEETD_CONFIG",
-    show_envvar=True,
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="fleet.toml to use.",
-)
+
+def _config_option(help: str, *, from_env: bool = True, **extra: Any) -> Callable[[F], F]:
+    """``-c/--config``: the fleet.toml a command uses, by default also from FLEETD_CONFIG."""
+    env = {"envvar": "FLEETD_CONFIG", "show_envvar": True} if from_env else {}
+    return click.option(
+        "-c", "--config", "config_path", type=click.Path(dir_okay=False), help=help, **env, **extra
+    )
+
+
+config_option = _config_option("fleet.toml to use.", required=True)
 
 
 def _fail(message: str, code: int) -> None:
@@ -197,15 +197,7 @@ def _print_jobs(found: list[Job], as_json: bool) -> None:
 
 
 @main.group()
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    envvar="FLEETD_CONFIG",
-    show_envvar=True,
-    type=click.Path(dir_okay=False),
-    help="fleet.toml to use; also accepted after the subcommand.",
-)
+@_config_option("fleet.toml to use; also accepted after the subcommand.")
 @click.pass_context
 def dlq(ctx: click.Context, config_path: str | None) -> None:
     """The dead-letter queue: list, requeue or purge dead jobs."""
@@ -214,12 +206,9 @@ def dlq(ctx: click.Context, config_path: str | None) -> None:
 
 
 # the contract writes ``fleetd dlq -c fleet.toml requeue 17``; the subcommands take -c too
-dlq_config_option = click.option(
-    "-c",
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    help="fleet.toml to use (or give it before the subcommand, or set FLEETD_CONFIG).",
+# (not from the environment: the group reads FLEETD_CONFIG, and a -c given wins over it)
+dlq_config_option = _config_option(
+    "fleet.toml to use (or give it before the subcommand, or set FLEETD_CONFIG).", from_env=False
 )
 
 
@@ -288,16 +277,7 @@ def start(config_path: str, node_id: str | None) -> None:
 
 
 @main.command()
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    envvar="FLEETD_CONFIG",
-    default="conf/demo.toml",
-    show_default=True,
-    type=click.Path(dir_okay=False),
-    help="The demo fleet's config.",
-)
+@_config_option("The demo fleet's config.", default="conf/demo.toml", show_default=True)
 @click.option("--seconds", type=float, default=60.0, show_default=True, help="Longest run.")
 @friendly
 def demo(config_path: str, seconds: float) -> None:

@@ -33,7 +33,7 @@ class UnknownKind(FleetdError):
 
 
 class UnknownPool(FleetdError):
-    """A pool name (a --pool filter) that this config does not configure."""
+    """A pool name (a --pool filter) that neither this config nor any job in the database has."""
 
 
 class JobNotFound(FleetdError):

@@ -41,8 +41,14 @@ class NodeView:
     verdict: health.Verdict
 
     @property
+    def running(self) -> bool:
+        """Its row says running or draining, with a fresh heartbeat."""
+        return self.status in ("running", "draining")
+
+    @property
     def live(self) -> bool:
-        return self.status in ("running", "draining") and self.snapshot is not None
+        """Running, with a snapshot this release can read."""
+        return self.running and self.snapshot is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +231,7 @@ def build_view(
     problems = [p for n in nodes for p in n.verdict.problems]
     # a probe of a fleet whose supervisors are all down must not pass; a fresh row counts
     # even before its first snapshot or with one this release cannot read
-    if not any(n.status in ("running", "draining") for n in nodes):
+    if not any(n.running for n in nodes):
         problems.append(
             health.Problem(
                 "-",
