@@ -62,16 +62,16 @@ def _client(config_path: str, *, create: bool = False, pool: str | None = None) 
 
     client = Client.from_config(config_path, create=create)
     config = client.config
-    if (
-        pool is not None
-        and pool not in config.pools
-        and not client.store.list_jobs(pool=pool, limit=1)
-    ):
-        client.close()
-        known = ", ".join(config.pools)
-        raise UnknownPool(
-            f"{config.path.name}: no pool {pool!r} here or in the database (pools: {known})"
-        )
+    if pool is None or pool in config.pools:
+        return client
+    with contextlib.ExitStack() as on_error:  # closed unless handed back
+        on_error.callback(client.close)
+        if not client.store.list_jobs(pool=pool, limit=1):
+            known = ", ".join(config.pools)
+            raise UnknownPool(
+                f"{config.path.name}: no pool {pool!r} here or in the database (pools: {known})"
+            )
+        on_error.pop_all()
     return client
 
 
