@@ -48,6 +48,12 @@ class StoreError(FleetdError):
     """The store refused an operation (schema too new, bad URL...)."""
 
 
+class StoreRejected(StoreError):
+    """The database refused a write for what it holds (a value it cannot store, a constraint):
+    the same write would be refused again, so it is not retried as it is. Callers that write
+    many rows at once narrow it to the row that causes it (``Dispatcher.flush``)."""
+
+
 class StoreUnavailable(StoreError):
     """The database could not be reached or failed mid-operation; the operation did not happen
     (each store verb is one transaction), so the caller may retry it."""

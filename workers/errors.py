@@ -45,7 +45,11 @@ class HandlerImportError(Exception):
 
 
 def one_line(exc: BaseException, limit: int = 4000) -> str:
-    """``ExcType: message`` on one line, valid UTF-8, at most ``limit`` characters."""
-    text = " ".join(str(exc).split())
+    """``ExcType: message`` on one line, valid UTF-8, at most ``limit`` characters. An
+    exception whose ``str()`` itself raises is named by its type alone."""
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:  # a handler's own exception class may break in __str__
+        text = ""
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line.encode("utf-8", "replace").decode("utf-8")[:limit]

@@ -67,7 +67,7 @@ def _failure(exc: BaseException) -> Outcome:
         gc.collect()
     try:
         return Outcome(error_kind=kind, message=one_line(exc), tail=_tail(exc))
-    except MemoryError:
+    except Exception:  # MemoryError; a broken __str__ or traceback of the handler's own
         return Outcome(error_kind=kind, message=type(exc).__name__)
 
 

@@ -72,6 +72,9 @@ def _size(n: int | None) -> str:
     return "-" if n is None else f"{n / (1024 * 1024):.0f}MiB"
 
 
+LOGGED_MESSAGE = 500  # characters of a job's error message in its log line
+
+
 def job_event(
     log: logging.Logger,
     level: int,
@@ -89,6 +92,8 @@ def job_event(
 ) -> None:
     """One line for one job outcome: ``job_failed``, ``job_dead`` or ``job_recovered``."""
     took = "-" if duration is None else f"{duration:.2f}s"
+    if len(message) > LOGGED_MESSAGE:  # the job row keeps it whole (up to 4,000 characters)
+        message = message[:LOGGED_MESSAGE] + " [...]"
     of = f"/{max_deliveries}" if max_deliveries else ""
     text = (
         f"job {job_id} {kind or '?'} (pool {pool}) attempt {attempt or '?'}{of} {event[4:]}"

@@ -27,10 +27,11 @@ import logging
 import math
 import random
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from supervisor.clock import Clock
-from supervisor.errors import StoreUnavailable
+from supervisor.errors import StoreRejected, StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
 from supervisor.policy import KillReason, poll_delay, retry_delay
@@ -38,6 +39,7 @@ from supervisor.run.counters import Counters
 from supervisor.run.exits import classify_exit
 from supervisor.run.pool import Pool
 from supervisor.run.workerproc import InFlight, WorkerHandle
+from supervisor.storable import UnstorableResult, storable_message, storable_result
 from supervisor.store import Store
 from supervisor.units import format_duration
 from workers import exitcodes, protocol
@@ -54,6 +56,7 @@ ACK_WAIT = 0.005
 # above the pipeline's budget: on two cores a busy worker can go unscheduled for milliseconds
 QUEUE_BEHIND_AT_MOST = 0.05
 ACK_BATCH = 100  # results that are written at once, without waiting
+_REFUSED = "fleetd: "  # starts a failure message fleetd wrote in place of a refused one
 
 
 @dataclass(slots=True)
@@ -82,7 +85,7 @@ class Dispatcher:
         self.counters = counters
         self.rng = rng or random.Random()
         self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
-        self.acks: list[Ack] = []
+        self.acks: list[tuple[str, Ack]] = []  # (pool, ack)
         self.acks_due = 0.0  # when the oldest unwritten ack must be written (monotonic)
         self.fails: list[tuple[str, Failure]] = []  # (pool, failure)
         self.releases: list[Lease] = []
@@ -239,9 +242,17 @@ class Dispatcher:
             worker.state = "idle"
             pool.boot_failures = 0
         elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
+            try:
+                result = storable_result(msg.result)
+            except UnstorableResult as exc:
+                self._failure(pool, job, ErrorKind.PERMANENT, str(exc), msg.peak_rss, msg.duration)
+                self._job_over(pool, worker, msg.duration, now)
+                return
             if not self.acks:
                 self.acks_due = now + ACK_WAIT
-            self.acks.append(Ack(job.claimed.lease, msg.result, msg.peak_rss, msg.duration))
+            self.acks.append(
+                (pool.name, Ack(job.claimed.lease, result, msg.peak_rss, msg.duration))
+            )
             self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
             if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
                 self._log_job(
@@ -264,7 +275,7 @@ class Dispatcher:
                 self.releases.append(job.claimed.lease)
                 self._job_over(pool, worker, msg.duration, now)
                 return
-            message = msg.message
+            message = storable_message(msg.message)  # a handler's text: NUL, surrogates, size
             if kind is ErrorKind.TIMEOUT:
                 message = (
                     f"ran past its timeout of {format_duration(pool.config.timeout)}; "
@@ -392,15 +403,9 @@ class Dispatcher:
         ):
             return
         try:
-            if self.acks:
-                self.counters.lost_leases += len(self.store.ack(self.acks))
-                self.acks = []
-            if self.fails:
-                self._record_fails(self.store.fail([f for _, f in self.fails]))
-                self.fails = []
-            if self.releases:
-                self.counters.releases += len(self.store.release(self.releases))
-                self.releases = []
+            self._write_acks()
+            self._write_fails()
+            self._write_releases()
         except StoreUnavailable as exc:
             self._store_failed(now, "write results", exc)
             return
@@ -410,16 +415,90 @@ class Dispatcher:
                 self.wake(self.pools[name])
         self.freed.clear()
 
+    # A write the database refuses (StoreRejected) is narrowed to its row: the batch is
+    # written again one row at a time, the refused row is dealt with alone, and every other
+    # row is written. What is left when the store becomes unavailable stays for the retry.
+
+    def _write_acks(self) -> None:
+        if not self.acks:
+            return
+        try:
+            self.counters.lost_leases += len(self.store.ack([a for _, a in self.acks]))
+            self.acks = []
+            return
+        except StoreRejected:
+            pass
+        while self.acks:
+            pool, ack = self.acks[0]
+            try:
+                self.counters.lost_leases += len(self.store.ack([ack]))
+            except StoreRejected as exc:
+                why = f"its result could not be stored ({exc}); not retried: it would be again"
+                self._refused(pool, ack.lease, ErrorKind.PERMANENT, why, ack)
+            self.acks.pop(0)
+
+    def _write_fails(self) -> None:
+        if not self.fails:
+            return
+        try:
+            self._record_fails(self.store.fail([f for _, f in self.fails]), self.fails)
+            self.fails = []
+            return
+        except StoreRejected:
+            pass
+        while self.fails:
+            pool, failure = self.fails[0]
+            try:
+                self._record_fails(self.store.fail([failure]), [self.fails[0]])
+            except StoreRejected as exc:
+                if failure.message.startswith(_REFUSED):
+                    # even the bare failure was refused: leave the lease to expire into the
+                    # reaper (the job runs again; nothing is lost)
+                    log.error("job %s: failure not stored: %s", failure.lease.job_id, exc)
+                    self.failed.pop(failure.lease.job_id, None)
+                else:
+                    why = f"{failure.error_kind}; its message could not be stored ({exc})"
+                    self._refused(pool, failure.lease, failure.error_kind, why, failure)
+            self.fails.pop(0)
+
+    def _write_releases(self) -> None:
+        if not self.releases:
+            return
+        try:
+            self.counters.releases += len(self.store.release(self.releases))
+            self.releases = []
+            return
+        except StoreRejected:
+            pass
+        while self.releases:
+            try:
+                self.counters.releases += len(self.store.release(self.releases[:1]))
+            except StoreRejected as exc:  # a lease holds no data of the job's: not expected
+                log.error("job %s: release refused: %s", self.releases[0].job_id, exc)
+            self.releases.pop(0)
+
+    def _refused(
+        self, pool: str, lease: Lease, kind: ErrorKind, why: str, was: Ack | Failure
+    ) -> None:
+        """Fail the job whose write was refused, alone, with a message of fleetd's own."""
+        log.error("job %s: the database refused its write: %s", lease.job_id, why)
+        retry = None if kind is ErrorKind.PERMANENT or isinstance(was, Ack) else was.retry_delay
+        budget = None if isinstance(was, Ack) else was.budget
+        failure = Failure(
+            lease, kind, storable_message(_REFUSED + why), retry, was.peak_rss, was.duration, budget
+        )
+        self.fails.append((pool, failure))
+
     def _running(self) -> bool:
         """Whether any worker runs a job now (whose result could share a write)."""
         return any(w.job is not None for p in self.pools.values() for w in p.workers.values())
 
-    def _record_fails(self, outcome) -> None:
+    def _record_fails(self, outcome, fails: list[tuple[str, Failure]]) -> None:
         self.counters.lost_leases += len(outcome.lost)
         dead, retried = set(outcome.dead), set(outcome.retried)
         deferred = set(outcome.deferred)
         written = self.clock.monotonic()  # after the write: the store's "now + delay" is earlier
-        for pool, f in self.fails:
+        for pool, f in fails:
             if f.lease.job_id in retried and f.retry_delay is not None:
                 later = f.budget.window if f.budget and f.lease.job_id in deferred else 0.0
                 heapq.heappush(self.retries_due[pool], written + f.retry_delay + later)
@@ -454,6 +533,27 @@ class Dispatcher:
                 if worker.queued and worker.kill_reason is None:
                     with contextlib.suppress(OSError, TimeoutError):
                         worker.send(protocol.Release(), timeout=0.0)
+
+    def running_leases(self) -> Iterator[Lease]:
+        """The leases of every job sent to a worker (running or queued behind)."""
+        for pool in self.pools.values():
+            for worker in pool.workers.values():
+                yield from (j.claimed.lease for j in worker.jobs())
+
+    def held_leases(self) -> list[Lease]:
+        """Every lease this node holds and has no result for: sent to workers or buffered."""
+        buffered = [b.claimed.lease for q in self.buffer.values() for b in q]
+        return [*self.running_leases(), *buffered]
+
+    def forget_held(self) -> None:
+        """Drop every job from the workers and the buffer (their leases were taken for a
+        release); the workers are gone or going."""
+        for queue in self.buffer.values():
+            queue.clear()
+        for pool in self.pools.values():
+            for worker in pool.workers.values():
+                worker.job = None
+                worker.queued.clear()
 
     @property
     def pending_writes(self) -> int:

@@ -24,6 +24,7 @@ import os
 import random
 import signal
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,8 @@ log = logging.getLogger("fleetd.supervisor")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PUBLISH_EVERY = 1.0
+EXIT_LOOP_ERROR = 70  # sysexits' EX_SOFTWARE: the loop failed; every lease was handed back
+WRITE_PATIENCE = 10.0  # seconds an emergency stop keeps trying to write what it holds
 
 
 class Fleet:
@@ -106,20 +109,28 @@ class Fleet:
     # ---- the loop ----------------------------------------------------------------------
 
     def run(self) -> int:
-        """Boot, run until drained, return the exit status."""
+        """Boot, run until drained, return the exit status. The error policy: an unexpected
+        exception in a pass is logged with its traceback, every worker is stopped and every
+        lease this node holds is handed back (``stop_after_error``); it never abandons
+        leases to expire."""
         self.boot()
         assert self.loop is not None
-        while self.drain.phase != phases.STOPPED:
-            self.loop.wait(self.next_timeout())
-            now = self.clock.monotonic()
-            self.handle_signals(now)
-            self.reap_children(now)
-            self.run_watchdog(now)
-            self.dispatch(now)
-            self.scaler.tick(now, draining=self.drain.active)
-            self.spawn(now)
-            self.publish(now)
-            self.advance_drain(now)
+        try:
+            while self.drain.phase != phases.STOPPED:
+                self.loop.wait(self.next_timeout())
+                now = self.clock.monotonic()
+                self.handle_signals(now)
+                self.reap_children(now)
+                self.run_watchdog(now)
+                self.dispatch(now)
+                self.scaler.tick(now, draining=self.drain.active)
+                self.spawn(now)
+                self.publish(now)
+                self.advance_drain(now)
+        except Exception:
+            log.exception("supervisor loop failed; stopping every worker, releasing every job")
+            self.stop_after_error()
+            return EXIT_LOOP_ERROR
         self.shutdown()
         return 0
 
@@ -164,6 +175,7 @@ class Fleet:
 
     def dispatch(self, now: float) -> None:
         d = self.dispatcher
+        _injected_fault(d)
         d.expire_unheld(now)
         for pool in self.pools.values():
             d.heartbeat(pool, now)
@@ -242,7 +254,11 @@ class Fleet:
         try:
             messages, eof = worker.reader.drain(worker.fd)
         except (protocol.ProtocolError, OSError) as exc:
-            log.error("worker %s: broken frame: %s", worker.name, exc)
+            # a reset from a worker this supervisor stopped is expected; from any other it
+            # comes with an exit the classifier reports, so this line only adds the detail
+            stopped = worker.kill_reason is not None or worker.state == "stopping"
+            level = logging.DEBUG if stopped else logging.WARNING
+            log.log(level, "worker %s: broken frame: %s", worker.name, exc)
             messages, eof = [], True
         now = self.clock.monotonic() if now is None else now
         self.pinger.on_messages(worker, messages, now)
@@ -336,6 +352,37 @@ class Fleet:
             )
         if phase != before:
             log.warning("drain: %s", phase)
+
+    def stop_after_error(self) -> None:
+        """After an unexpected error: SIGKILL every worker, wait for them, then write what
+        is finished and release every other lease held (attempts given back), retrying for
+        ``WRITE_PATIENCE``. What still cannot be written expires into a reaper."""
+        d = self.dispatcher
+        workers = [w for p in self.pools.values() for w in p.workers.values()]
+        for worker in workers:
+            worker.kill(KillReason("drain", "the supervisor's loop failed"), self.clock.monotonic())
+        deadline = self.clock.monotonic() + 5.0
+        for worker in workers:
+            with contextlib.suppress(ChildProcessError):
+                _wait_child(worker.pid, deadline)
+        d.releases.extend(d.held_leases())
+        d.forget_held()
+        give_up = self.clock.monotonic() + WRITE_PATIENCE
+        while d.pending_writes and self.clock.monotonic() < give_up:
+            try:
+                d.flush(self.clock.monotonic(), force=True)
+            except Exception:
+                log.exception("could not write results after the loop failed")
+                break
+            if d.pending_writes:
+                time.sleep(max(0.0, min(d.store_retry_at - self.clock.monotonic(), 1.0)))
+        if d.pending_writes:
+            log.error(
+                "%d result(s) and release(s) not written; their leases will expire and the "
+                "jobs run again",
+                d.pending_writes,
+            )
+        self.shutdown()
 
     def shutdown(self) -> None:
         try:
@@ -433,3 +480,20 @@ class Fleet:
         setproctitle(
             f"fleetd: supervisor [{self.config.name}] {len(self.pools)} pools {workers} workers"
         )
+
+
+def _injected_fault(dispatcher: Dispatcher) -> None:
+    """Test seam: raise once this node holds ``FLEETD_TEST_LOOP_FAULT`` leases in workers
+    (the error policy's test; unset in production, where this is one dict lookup)."""
+    at = os.environ.get("FLEETD_TEST_LOOP_FAULT")
+    if at and sum(1 for _ in dispatcher.running_leases()) >= int(at):
+        raise RuntimeError(f"injected loop fault (FLEETD_TEST_LOOP_FAULT={at})")
+
+
+def _wait_child(pid: int, deadline: float) -> None:
+    """Reap ``pid``, waiting until ``deadline`` (monotonic) at most."""
+    while True:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)

@@ -45,7 +45,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.clock import Clock
-from supervisor.errors import JobNotFound, NotDead, StoreError, StoreUnavailable
+from supervisor.errors import JobNotFound, NotDead, StoreError, StoreRejected, StoreUnavailable
 from supervisor.model import (
     STATS_CAP,
     Ack,
@@ -94,7 +94,11 @@ class SqlStore:
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated:
                 raise StoreUnavailable(f"database connection lost: {_one_line(exc)}") from exc
+            if isinstance(exc, sa_exc.DataError | sa_exc.IntegrityError):
+                raise StoreRejected(f"database refused the write: {_one_line(exc)}") from exc
             raise StoreError(f"database error: {_one_line(exc)}") from exc
+        except UnicodeError as exc:  # a value the driver cannot encode (a lone surrogate)
+            raise StoreRejected(f"database driver refused a value: {_one_line(exc)}") from exc
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:

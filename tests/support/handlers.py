@@ -256,3 +256,32 @@ def balloon(payload: Payload) -> int:
 def sized(payload: Payload) -> str:
     """Return a string of ``payload["chars"]`` characters (a result of that size)."""
     return "x" * int(payload.get("chars", 0))
+
+
+# ---- hostile output: what a handler raises or returns is input to the supervisor ----
+
+
+class _UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ itself fails")
+
+
+@recorded
+def hostile(payload: Payload) -> Any:
+    """Raise or return what a database cannot take as it is, by ``payload["how"]``:
+    ``raise_nul``, ``return_nul``, ``raise_huge`` (a 20 MiB message), ``raise_surrogate``,
+    ``return_surrogate``, ``raise_unprintable`` (an exception whose ``str()`` raises)."""
+    how = payload["how"]
+    if how == "raise_nul":
+        raise ValueError("bad\x00byte")
+    if how == "return_nul":
+        return {"text": "a\x00b", "k\x00ey": ["\x00"]}
+    if how == "raise_huge":
+        raise ValueError("x" * (20 * MIB))
+    if how == "raise_surrogate":
+        raise ValueError("lone \udc80 surrogate")
+    if how == "return_surrogate":
+        return {"text": "lone \ud800 surrogate"}
+    if how == "raise_unprintable":
+        raise _UnprintableError()
+    raise ValueError(f"unknown how {how!r}")
