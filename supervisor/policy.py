@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -100,11 +101,26 @@ def recent_duration(previous: float | None, duration: float) -> float:
     return previous + 0.05 * (duration - previous)
 
 
+class KillKind(StrEnum):
+    """Why a worker is (to be) killed. The first three fail its job with that error kind;
+    ``lease_lost`` forgets it (the lease is not ours); the rest release it untouched.
+    ``soft_timeout`` and ``wait`` are watchdog verdicts that kill nothing yet."""
+
+    MEMORY_LIMIT = "memory_limit"
+    TIMEOUT = "timeout"
+    WEDGED = "wedged"  # it stopped answering pings while idle (no job to fail)
+    LEASE_LOST = "lease_lost"
+    DRAIN = "drain"
+    RETIRE = "retire"
+    SOFT_TIMEOUT = "soft_timeout"
+    WAIT = "wait"
+
+
 @dataclass(frozen=True, slots=True)
 class KillReason:
     """Why the parent killed a worker; decides what happens to its job."""
 
-    kind: str  # "memory_limit", "timeout", "lease_lost", "drain", "retire"
+    kind: KillKind
     detail: str = ""
 
 

@@ -34,11 +34,11 @@ from supervisor.clock import Clock
 from supervisor.errors import StoreRejected, StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
-from supervisor.policy import KillReason, poll_delay, retry_delay
+from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import classify_exit
 from supervisor.run.pool import Pool
-from supervisor.run.workerproc import InFlight, WorkerHandle
+from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
 from supervisor.store import Store
 from supervisor.units import format_duration
@@ -214,13 +214,13 @@ class Dispatcher:
                 worker.send_bytes(b"".join(frame for _, frame in items))
             except TimeoutError:
                 queue.extendleft(item for item, _ in reversed(items))
-                worker.kill(KillReason("retire", "worker stopped reading"), now)
+                worker.kill(KillReason(KillKind.RETIRE, "worker stopped reading"), now)
                 continue
             except OSError:
                 # its end is closed: it is exiting (its current job may have crashed it), and
                 # the exit decides that job's fate; nothing more is sent to it
                 queue.extendleft(item for item, _ in reversed(items))
-                worker.state = "stopping"
+                worker.state = WorkerState.STOPPING
                 continue
             for item, frame in items:
                 job = InFlight(item.claimed, now, math.inf, item.lease_expires, item.extensions)
@@ -238,8 +238,8 @@ class Dispatcher:
     def on_message(self, worker: WorkerHandle, msg: protocol.Message, now: float) -> None:
         pool = self.pools[worker.pool]
         job = worker.job
-        if isinstance(msg, protocol.Ready) and worker.state == "starting":
-            worker.state = "idle"
+        if isinstance(msg, protocol.Ready) and worker.state == WorkerState.STARTING:
+            worker.state = WorkerState.IDLE
             pool.boot_failures = 0
         elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
             try:
@@ -290,7 +290,7 @@ class Dispatcher:
         elif isinstance(msg, protocol.Pong):
             worker.last_rss = msg.rss
         elif isinstance(msg, protocol.Recycling):
-            worker.state = "stopping"  # it exits now: what it holds is released then
+            worker.state = WorkerState.STOPPING  # it exits now: what it holds is released then
             worker.recycling = True
 
     def _job_over(self, pool: Pool, worker: WorkerHandle, duration: float, now: float) -> None:
@@ -603,13 +603,13 @@ class Dispatcher:
                 continue
             if job.claimed.lease in lost:
                 self.counters.lost_leases += 1
-                w.kill(KillReason("lease_lost", "its lease was taken over or expired"), now)
+                w.kill(KillReason(KillKind.LEASE_LOST, "its lease was taken over or expired"), now)
                 continue
             if any(q.claimed.lease in lost for q in w.queued):
                 # never start a job whose lease is gone: stop the worker before it does (its
                 # running job, still ours, is released; the others too)
                 self.counters.lost_leases += 1
-                w.kill(KillReason("retire", "a job queued on it lost its lease"), now)
+                w.kill(KillReason(KillKind.RETIRE, "a job queued on it lost its lease"), now)
                 continue
             for j in w.jobs():
                 j.lease_expires, j.extensions = now + lease, j.extensions + 1

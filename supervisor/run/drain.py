@@ -15,15 +15,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-RUNNING, FINISHING, KILLING, STOPPED = "running", "finishing", "killing", "stopped"
+
+class DrainPhase(StrEnum):
+    RUNNING = "running"
+    FINISHING = "finishing"
+    KILLING = "killing"
+    STOPPED = "stopped"
+
+
+RUNNING, FINISHING, KILLING, STOPPED = DrainPhase
 
 
 @dataclass
 class Drain:
     grace_period: float
     write_patience: float = 10.0
-    phase: str = RUNNING
+    phase: DrainPhase = RUNNING
     deadline: float = 0.0  # end of the grace period (monotonic)
     give_up_writes_at: float = 0.0
 
@@ -31,7 +40,7 @@ class Drain:
     def active(self) -> bool:
         return self.phase != RUNNING
 
-    def on_signal(self, now: float) -> str:
+    def on_signal(self, now: float) -> DrainPhase:
         """Advance on SIGTERM/SIGINT: the first starts the drain, the second skips the wait."""
         if self.phase == RUNNING:
             self.phase = FINISHING
@@ -40,7 +49,7 @@ class Drain:
             self.phase = KILLING
         return self.phase
 
-    def tick(self, now: float, busy: int, workers: int, pending_writes: int) -> str:
+    def tick(self, now: float, busy: int, workers: int, pending_writes: int) -> DrainPhase:
         """The phase after this pass, given what is still running and unwritten."""
         if self.phase == FINISHING and now >= self.deadline:
             self.phase = KILLING

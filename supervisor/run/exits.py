@@ -8,7 +8,7 @@ import signal
 from dataclasses import dataclass
 
 from supervisor.model import ErrorKind
-from supervisor.policy import KillReason
+from supervisor.policy import KillKind, KillReason
 from workers import exitcodes
 
 
@@ -44,10 +44,10 @@ def classify_exit(status: int, reason: KillReason | None) -> ExitVerdict:
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
             hint = " (not by fleetd: the kernel's OOM killer or an operator?)"
         return ExitVerdict("fail", ErrorKind.CRASHED, f"worker {how}{hint}")
-    if reason.kind == "memory_limit":
+    if reason.kind == KillKind.MEMORY_LIMIT:
         return ExitVerdict("fail", ErrorKind.MEMORY_LIMIT, reason.detail)
-    if reason.kind == "timeout":
+    if reason.kind == KillKind.TIMEOUT:
         return ExitVerdict("fail", ErrorKind.TIMEOUT, reason.detail)
-    if reason.kind == "lease_lost":
+    if reason.kind == KillKind.LEASE_LOST:
         return ExitVerdict("forget", None, reason.detail)
     return ExitVerdict("release", None, reason.detail or f"worker stopped ({reason.kind})")

@@ -36,18 +36,17 @@ from supervisor.config import FleetConfig
 from supervisor.errors import FleetdError
 from supervisor.observe.observer import Observer
 from supervisor.observe.server import MetricsServer
-from supervisor.policy import KillReason
-from supervisor.run import drain as phases
+from supervisor.policy import KillKind, KillReason
 from supervisor.run import watchdog
 from supervisor.run.counters import Counters
 from supervisor.run.dispatch import Dispatcher
-from supervisor.run.drain import Drain
+from supervisor.run.drain import Drain, DrainPhase
 from supervisor.run.loop import Loop
 from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.pinger import Pinger
 from supervisor.run.pool import Pool
 from supervisor.run.scaler import Scaler
-from supervisor.run.workerproc import WorkerHandle, fork_worker
+from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
 from workers import protocol
 
@@ -116,7 +115,7 @@ class Fleet:
         self.boot()
         assert self.loop is not None
         try:
-            while self.drain.phase != phases.STOPPED:
+            while self.drain.phase != DrainPhase.STOPPED:
                 self.loop.wait(self.next_timeout())
                 now = self.clock.monotonic()
                 self.handle_signals(now)
@@ -166,11 +165,11 @@ class Fleet:
                 "%s: %s",
                 signal.Signals(signum).name,
                 {
-                    phases.FINISHING: f"draining (grace period {self.config.grace_period:g}s)",
-                    phases.KILLING: "stopping running jobs now and releasing them",
+                    DrainPhase.FINISHING: f"draining (grace period {self.config.grace_period:g}s)",
+                    DrainPhase.KILLING: "stopping running jobs now and releasing them",
                 }.get(phase, "already stopping"),
             )
-            if phase == phases.FINISHING:
+            if phase == DrainPhase.FINISHING:
                 self.begin_drain(now)
 
     def dispatch(self, now: float) -> None:
@@ -205,7 +204,7 @@ class Fleet:
                 due.append(max(pool.next_poll_at, self.dispatcher.store_retry_at))
             if pool.live() < pool.target:
                 due.append(pool.next_spawn_at)
-        if self.drain.phase == phases.FINISHING:
+        if self.drain.phase == DrainPhase.FINISHING:
             due.append(self.drain.deadline)
         if self.waker is None:
             due.append(self.next_waker_at)
@@ -223,7 +222,7 @@ class Fleet:
                 self.fork(pool, now)
                 pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0.0, 0.05))
             for worker in pool.idle()[: max(0, pool.live() - pool.target)]:
-                worker.kill(KillReason("retire", "scaled in"), now)
+                worker.kill(KillReason(KillKind.RETIRE, "scaled in"), now)
 
     def fork(self, pool: Pool, now: float) -> None:
         assert self.loop is not None
@@ -256,7 +255,7 @@ class Fleet:
         except (protocol.ProtocolError, OSError) as exc:
             # a reset from a worker this supervisor stopped is expected; from any other it
             # comes with an exit the classifier reports, so this line only adds the detail
-            stopped = worker.kill_reason is not None or worker.state == "stopping"
+            stopped = worker.kill_reason is not None or worker.state == WorkerState.STOPPING
             level = logging.DEBUG if stopped else logging.WARNING
             log.log(level, "worker %s: broken frame: %s", worker.name, exc)
             messages, eof = [], True
@@ -287,11 +286,11 @@ class Fleet:
 
     def worker_exited(self, pool: Pool, worker: WorkerHandle, status: int, now: float) -> None:
         assert self.loop is not None
-        booted = worker.state != "starting"
+        booted = worker.state != WorkerState.STARTING
         self.read_worker(worker, now)  # its last frames (results may precede its death)
         self.loop.unwatch(worker.fd)
         worker.sock.close()
-        self.memcg.worker_exited(worker, status)  # a kernel OOM kill becomes memory_limit
+        self.memcg.worker_exited(worker, status, now)  # a kernel OOM kill becomes memory_limit
         if worker.kill_reason is not None:
             self.counters.worker_kills[(pool.name, worker.kill_reason.kind)] += 1
         elif not booted:
@@ -309,7 +308,7 @@ class Fleet:
         workers = [w for p in self.pools.values() for w in p.busy()]
         configs = {name: pool.config for name, pool in self.pools.items()}
         for worker, reason in watchdog.inspect(workers, configs, now):
-            if reason.kind == "wait":
+            if reason.kind == KillKind.WAIT:
                 continue
             log.warning(
                 "worker %s (job %s): %s",
@@ -317,7 +316,7 @@ class Fleet:
                 worker.job.claimed.job_id if worker.job else "-",
                 reason.detail,
             )
-            if reason.kind == "soft_timeout":
+            if reason.kind == KillKind.SOFT_TIMEOUT:
                 worker.soft_stop(now)
             else:
                 worker.kill(reason, now)
@@ -335,16 +334,19 @@ class Fleet:
             return
         workers = [w for p in self.pools.values() for w in p.workers.values()]
         for worker in workers:  # at the start, and each busy one as its job ends
-            if worker.state in ("idle", "starting") and worker.kill_reason is None:
-                worker.kill(KillReason("drain", "idle worker stopped by the drain"), now)
+            if (
+                worker.state in (WorkerState.IDLE, WorkerState.STARTING)
+                and worker.kill_reason is None
+            ):
+                worker.kill(KillReason(KillKind.DRAIN, "idle worker stopped by the drain"), now)
         busy = [w for w in workers if w.job is not None]
         before = self.drain.phase
         phase = self.drain.tick(now, len(busy), len(workers), self.dispatcher.pending_writes)
-        if phase == phases.KILLING:
+        if phase == DrainPhase.KILLING:
             for worker in workers:
                 if worker.kill_reason is None:
-                    worker.kill(KillReason("drain", "drain: grace period over"), now)
-        if phase == phases.STOPPED and self.dispatcher.pending_writes:
+                    worker.kill(KillReason(KillKind.DRAIN, "drain: grace period over"), now)
+        if phase == DrainPhase.STOPPED and self.dispatcher.pending_writes:
             log.error(
                 "database unreachable: %d result(s) not written; their leases will "
                 "expire and the jobs be retried",
@@ -360,7 +362,9 @@ class Fleet:
         d = self.dispatcher
         workers = [w for p in self.pools.values() for w in p.workers.values()]
         for worker in workers:
-            worker.kill(KillReason("drain", "the supervisor's loop failed"), self.clock.monotonic())
+            worker.kill(
+                KillReason(KillKind.DRAIN, "the supervisor's loop failed"), self.clock.monotonic()
+            )
         deadline = self.clock.monotonic() + 5.0
         for worker in workers:
             with contextlib.suppress(ChildProcessError):

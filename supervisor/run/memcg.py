@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor import host
-from supervisor.policy import KillReason
+from supervisor.policy import KillKind, KillReason
 from supervisor.run.watchdog import PERIOD
-from supervisor.run.workerproc import WorkerHandle
+from supervisor.run.workerproc import WorkerHandle, WorkerState
 from supervisor.units import format_size
 from workers import limits
 
@@ -251,7 +251,7 @@ class MemoryCgroups:
             return False
         return self._kill_on_oom(worker, cg, now)
 
-    def worker_exited(self, worker: WorkerHandle, status: int) -> None:
+    def worker_exited(self, worker: WorkerHandle, status: int, now: float) -> None:
         """A worker was reaped. If it was SIGKILLed, not by us, after an OOM kill in its
         cgroup, the kernel killed it at the limit: give it that KillReason (so the job ends
         memory_limit, not crashed). Then empty and remove its cgroup."""
@@ -269,10 +269,12 @@ class MemoryCgroups:
                     f"(memory_limit {format_size(cg.memory_limit)} + {format_size(self.margin)}"
                     f" margin{self._peak_text(cg)}): the job and its processes together"
                 )
-                if worker.state == "starting":  # not a job's doing: a boot failure, backed off
+                if (
+                    worker.state == WorkerState.STARTING
+                ):  # not a job's doing: a boot failure, backed off
                     log.warning("worker %s %s, before it was ready", worker.name, detail)
                 else:
-                    worker.kill_reason = KillReason("memory_limit", detail)
+                    worker.record_kill(KillReason(KillKind.MEMORY_LIMIT, detail), now)
                     log.warning(
                         "worker %s (job %s): %s",
                         worker.name,
@@ -300,7 +302,7 @@ class MemoryCgroups:
             worker.job.claimed.job_id if worker.job else "-",
             detail,
         )
-        worker.kill(KillReason("memory_limit", detail), now)
+        worker.kill(KillReason(KillKind.MEMORY_LIMIT, detail), now)
         return True
 
     def _oom_count(self, cg: WorkerCgroup) -> int | None:

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.policy import KillReason
-from supervisor.run.workerproc import WorkerHandle
+from supervisor.policy import KillKind, KillReason
+from supervisor.run.workerproc import WorkerHandle, WorkerState
 from workers import protocol
 
 log = logging.getLogger("fleetd.pinger")
@@ -52,7 +52,7 @@ class Pinger:
                     if now - waiting.sent_at > kill_after and worker.kill_reason is None:
                         self._kill(worker, now - waiting.sent_at, now)
                     continue
-                if worker.state != "idle":
+                if worker.state != WorkerState.IDLE:
                     self.next_ping.pop(worker.pid, None)  # busy proves itself; ping once idle
                     continue
                 # the first Ping soon (its Pong gives an idle worker's RSS), then every heartbeat
@@ -71,7 +71,7 @@ class Pinger:
     def _kill(self, worker: WorkerHandle, silent: float, now: float) -> None:
         detail = f"did not answer a ping for {silent:.0f}s; stopped and replaced"
         log.error("worker %s (pid %d): %s", worker.name, worker.pid, detail)
-        worker.kill(KillReason("wedged", detail), now)
+        worker.kill(KillReason(KillKind.WEDGED, detail), now)
 
     def on_messages(
         self, worker: WorkerHandle, messages: Sequence[protocol.Message], now: float

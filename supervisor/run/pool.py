@@ -16,7 +16,7 @@ from typing import Any
 from supervisor.config import PoolConfig
 from supervisor.model import ClaimLimits
 from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
-from supervisor.run.workerproc import WorkerHandle
+from supervisor.run.workerproc import WorkerHandle, WorkerState
 from workers.runtime import WorkerSpec
 
 log = logging.getLogger("fleetd.pool")
@@ -47,10 +47,10 @@ class Pool:
         return set(self.config.handlers)
 
     def idle(self) -> list[WorkerHandle]:
-        return [w for w in self.workers.values() if w.state == "idle"]
+        return [w for w in self.workers.values() if w.state == WorkerState.IDLE]
 
     def busy(self) -> list[WorkerHandle]:
-        return [w for w in self.workers.values() if w.state == "busy"]
+        return [w for w in self.workers.values() if w.state == WorkerState.BUSY]
 
     @property
     def limits(self) -> ClaimLimits:
@@ -70,7 +70,7 @@ class Pool:
 
     def live(self) -> int:
         """Workers that count towards the target (not those being killed)."""
-        return sum(1 for w in self.workers.values() if w.state != "stopping")
+        return sum(1 for w in self.workers.values() if w.state != WorkerState.STOPPING)
 
     def spawn_due(self, now: float) -> bool:
         return self.live() < self.target and now >= self.next_spawn_at

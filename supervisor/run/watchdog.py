@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from supervisor.config import PoolConfig
-from supervisor.policy import KillReason
-from supervisor.run.workerproc import WorkerHandle
+from supervisor.policy import KillKind, KillReason
+from supervisor.run.workerproc import WorkerHandle, WorkerState
 from supervisor.units import format_duration, format_size
 
 PERIOD = 0.02  # seconds between watchdog passes while a job runs
@@ -30,7 +30,7 @@ def inspect(
     orders: list[tuple[WorkerHandle, KillReason]] = []
     for worker in workers:
         job = worker.job
-        if worker.state != "busy" or job is None or worker.kill_reason is not None:
+        if worker.state != WorkerState.BUSY or job is None or worker.kill_reason is not None:
             continue
         config = pools[worker.pool]
         if now >= job.deadline:
@@ -47,7 +47,7 @@ def inspect(
                 f"worker RSS {format_size(rss)} passed memory_limit {format_size(limit)} "
                 f"(peak seen {format_size(worker.last_rss or rss)}); stopped by the watchdog"
             )
-            orders.append((worker, KillReason("memory_limit", detail)))
+            orders.append((worker, KillReason(KillKind.MEMORY_LIMIT, detail)))
     return orders
 
 
@@ -56,10 +56,10 @@ def _deadline_order(worker: WorkerHandle, config: PoolConfig, now: float) -> Kil
     then SIGKILL once the window is over (or at once without one)."""
     took = f"ran past its timeout of {format_duration(config.timeout)}"
     if config.soft_timeout > 0 and worker.soft_signalled_at is None:
-        return KillReason("soft_timeout", f"{took}; SoftTimeout raised in the handler")
+        return KillReason(KillKind.SOFT_TIMEOUT, f"{took}; SoftTimeout raised in the handler")
     if (
         worker.soft_signalled_at is not None
         and now < worker.soft_signalled_at + config.soft_timeout
     ):
-        return KillReason("wait", "")
-    return KillReason("timeout", took)
+        return KillReason(KillKind.WAIT, "")
+    return KillReason(KillKind.TIMEOUT, took)

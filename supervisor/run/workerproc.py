@@ -26,6 +26,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import psutil
 
@@ -33,6 +34,13 @@ from supervisor.model import Claimed
 from supervisor.policy import KillReason
 from workers import protocol, runtime
 from workers.runtime import WorkerSpec
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"  # forked, not Ready yet
+    IDLE = "idle"
+    BUSY = "busy"  # holds a job (and, pipelining, jobs queued behind it)
+    STOPPING = "stopping"  # killed, recycling or told to stop: nothing more is sent to it
 
 
 @dataclass(slots=True)
@@ -55,7 +63,7 @@ class WorkerHandle:
     pid: int
     sock: socket.socket
     spawned_at: float
-    state: str = "starting"  # starting, idle, busy, stopping
+    state: WorkerState = WorkerState.STARTING
     job: InFlight | None = None  # the job it runs (or starts next)
     queued: deque[InFlight] = field(default_factory=deque)  # sent behind ``job``, not started
     queued_bytes: int = 0  # frame bytes of ``queued``: bounded so a send never waits on them
@@ -91,7 +99,7 @@ class WorkerHandle:
     def room(self, depth: int, max_jobs: int | None) -> int:
         """How many more jobs it may be sent: up to ``depth`` held at once, and none past
         its recycle after ``max_jobs`` (those would only come back)."""
-        if self.state not in ("idle", "busy") or self.kill_reason is not None:
+        if self.state not in (WorkerState.IDLE, WorkerState.BUSY) or self.kill_reason is not None:
             return 0
         limit = depth if max_jobs is None else min(depth, max_jobs - self.jobs_done)
         return limit - self.held()
@@ -111,7 +119,7 @@ class WorkerHandle:
         """``job`` becomes the current one, its timeout counted from now."""
         job.started, job.deadline = now, now + timeout
         self.job = job
-        self.state = "busy" if self.state == "idle" else self.state
+        self.state = WorkerState.BUSY if self.state == WorkerState.IDLE else self.state
 
     def finished(self, now: float, timeout: float) -> None:
         """The current job ended (a result, or handed back): the next queued one starts."""
@@ -121,8 +129,8 @@ class WorkerHandle:
             job = self.queued.popleft()
             self.queued_bytes -= job.size
             self.start(job, now, timeout)
-        elif self.state == "busy":
-            self.state = "idle"
+        elif self.state == WorkerState.BUSY:
+            self.state = WorkerState.IDLE
 
     def returned(self, job_id: int, now: float, timeout: float) -> InFlight | None:
         """The worker handed ``job_id`` back unstarted (``Returned``): forget it here."""
@@ -170,14 +178,21 @@ class WorkerHandle:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, protocol.SOFT_TIMEOUT_SIGNAL)
 
-    def kill(self, reason: KillReason, now: float) -> None:
-        """SIGKILL the worker's process group (the job's own children die with it). The
-        first reason sticks: it decides what happens to the job."""
+    def record_kill(self, reason: KillReason, now: float) -> None:
+        """Record why this worker dies, the job that is about (the one it runs now) and when:
+        the one place a kill is booked, whether the parent kills (``kill``) or the kernel
+        already did (memcg, noticed at reap). The first reason sticks: it decides what
+        happens to the job."""
         if self.kill_reason is None:
             self.kill_reason = reason
             self.kill_target = self.job.claimed.job_id if self.job else None
             self.killed_at = now
-        self.state = "stopping"
+        self.state = WorkerState.STOPPING
+
+    def kill(self, reason: KillReason, now: float) -> None:
+        """Book the kill (``record_kill``) and SIGKILL the worker's process group (the job's
+        own children die with it)."""
+        self.record_kill(reason, now)
         if reason.kind in os.environ.get("FLEETD_TEST_NO_KILL", "").split(","):
             return  # test-only: simulate a kill that does not work (a process in D state)
         for target in (

@@ -12,12 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor import host
-from supervisor.model import ErrorKind, JobState
+from supervisor.model import ErrorKind, JobState, NewJob
 from supervisor.run.memcg import MARGIN, MemoryCgroups
-from tests.integration.fleet import Harness, handlers
+from tests.integration.fleet import Harness, alive, handlers
+from tests.support import infleet
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
@@ -96,6 +98,46 @@ def test_a_job_whose_subprocesses_pass_the_limit_ends_memory_limit(
 
 
 @pytest.mark.parametrize("engine", ["sqlite"])
+def test_a_job_filling_dev_shm_ends_memory_limit_after_exactly_max_deliveries_runs(
+    fleet: Harness, cgroup_parent: Path
+) -> None:
+    """tmpfs pages count against the cgroup only (not RSS, not RLIMIT_DATA), so the kernel
+    kills the worker and the parent learns of it only at reap. That kill is booked against
+    the job it ran, so each run counts: dead as memory_limit after exactly max_deliveries."""
+    fleet.configure(
+        {
+            "shm": {
+                "handlers": {"shm_bomb": "tests.support.tree_handlers:shm_bomb"},
+                "min_workers": 1,
+                "max_workers": 1,
+                "memory_limit": f"{LIMIT_MIB}MiB",
+                "max_deliveries": 2,
+                "retry_backoff": "100ms",
+                "timeout": "30s",
+            },
+        }
+    )
+    sup = fleet.start()
+    job_id = fleet.enqueue("shm_bomb", {"mib": 450, "delay": 1.0})
+    # The supervisor is stopped while the kernel kills its first worker, so the death is
+    # often first noticed at reap (the path that lost the kill's job; the in-process test
+    # below takes it every time), and otherwise by the watchdog's cgroup read.
+    [first] = eventually(lambda: fleet.executions(job_id))
+    sup.signal(signal.SIGSTOP)
+    try:
+        worker = psutil.Process(first["pid"])
+        eventually(lambda: not alive(worker), timeout=20)
+    finally:
+        sup.signal(signal.SIGCONT)
+    (job,) = fleet.wait_final([job_id], timeout=60, watch=[sup])
+
+    assert job.state == JobState.DEAD and job.error_kind == ErrorKind.MEMORY_LIMIT, job
+    assert job.attempts == 2, job
+    assert "cgroup limit of 384MiB" in (job.last_error or ""), job.last_error
+    assert len(fleet.executions(job_id)) == 2  # it ran exactly max_deliveries times
+
+
+@pytest.mark.parametrize("engine", ["sqlite"])
 def test_the_cgroups_of_a_killed_supervisor_are_removed_by_the_next(
     fleet: Harness, cgroup_parent: Path
 ) -> None:
@@ -165,3 +207,40 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_a_kernel_kill_noticed_at_reap_is_booked_against_its_job(
+    tmp_path: Path, cgroup_parent: Path
+) -> None:
+    """The reap path, step by step with an in-process fleet (tests/support/infleet.py): the
+    kernel kills the worker at its cgroup limit and the parent's first look is its exit
+    status (no watchdog pass in between). The job's failure is counted as memory_limit; it
+    was released uncounted when the kill reason was set without its job."""
+    fleet, store = infleet.fleet_of(
+        tmp_path,
+        {
+            "handlers": {"shm_bomb": "tests.support.tree_handlers:shm_bomb"},
+            "min_workers": 1,
+            "max_workers": 1,
+            "memory_limit": f"{LIMIT_MIB}MiB",
+            "max_deliveries": 2,
+        },
+    )
+    fleet.memcg.start()
+    try:
+        pool, worker = infleet.one_worker(fleet, short_jobs=False)
+        (job_id,) = store.enqueue_many([NewJob("shm_bomb", "p", '{"mib": 450}', 2)])
+        now = fleet.clock.monotonic()
+        fleet.dispatcher.claim(pool, now)
+        fleet.dispatcher.assign(pool, now)
+        infleet.wait_exited(worker.pid, timeout=30)
+        fleet.reap_children(fleet.clock.monotonic())
+        fleet.dispatcher.flush(fleet.clock.monotonic(), force=True)
+        job = store.get(job_id)
+        assert job is not None and job.state == JobState.QUEUED, job  # retried, not released
+        assert job.attempts == 1 and job.error_kind == ErrorKind.MEMORY_LIMIT, job
+        assert "killed by the kernel at its cgroup limit" in (job.last_error or "")
+    finally:
+        infleet.stop_all(fleet)
+        fleet.memcg.close()
+        store.close()

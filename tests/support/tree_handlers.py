@@ -41,3 +41,28 @@ def tree_bomb(payload: dict[str, Any]) -> list[int]:
     if any(codes):
         raise RuntimeError(f"a child process failed: exit statuses {codes}")
     return codes
+
+
+def shm_bomb(payload: dict[str, Any]) -> int:
+    """After ``delay`` seconds, write ``mib`` MiB (default 450) to a file in /dev/shm and hold
+    it ``hold`` seconds.
+    tmpfs pages count against the worker's memory cgroup, but not against its RSS (they are
+    not mapped) nor its RLIMIT_DATA: only the cgroup stops it. The file is unlinked at once, so
+    the pages go when the process does. Records its start first (a kill leaves no end)."""
+    import os
+    import time
+
+    from tests.support.handlers import record
+
+    record(payload, time.time(), None, "started")
+    time.sleep(float(payload.get("delay", 0.0)))
+    mib = int(payload.get("mib", 450))
+    fd = os.open("/dev/shm", os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        block = b"x" * (1 << 20)
+        for _ in range(mib):
+            os.write(fd, block)
+        time.sleep(float(payload.get("hold", 10.0)))
+    finally:
+        os.close(fd)
+    return mib

@@ -85,8 +85,11 @@ def test_a_worker_sigkilled_after_an_oom_kill_in_its_cgroup_ends_memory_limit(
 ) -> None:
     w = worker(31337)
     oom(attached(memcg, w))
-    memcg.worker_exited(w, SIGKILLED)
+    memcg.worker_exited(w, SIGKILLED, now=12.5)
     assert w.kill_reason is not None and w.kill_reason.kind == "memory_limit"
+    # booked as any kill is: against the job it ran, at the time it was noticed (a reason
+    # without its job made the dispatcher release the job uncounted, run after run)
+    assert w.kill_target == 7 and w.killed_at == 12.5
     assert "killed by the kernel at its cgroup limit of 384MiB" in w.kill_reason.detail
     assert "memory_limit 256MiB + 128MiB margin; cgroup peak 384MiB" in w.kill_reason.detail
     verdict = classify_exit(SIGKILLED, w.kill_reason)
@@ -109,7 +112,7 @@ def test_other_ends_are_left_alone(
     w = worker(31337, state=state)
     w.kill_reason = reason
     oom(attached(memcg, w), oom_count)
-    memcg.worker_exited(w, status)
+    memcg.worker_exited(w, status, now=1.0)
     assert w.kill_reason == reason
 
 
