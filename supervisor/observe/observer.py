@@ -54,8 +54,26 @@ class Observer:
         self.ready_since: dict[str, float] = {}
         self.latest: FleetSnapshot | None = None
         self.latest_at = 0.0  # monotonic
+        self.reading = False  # a figures request is in flight
 
     # ---- the store's figures -----------------------------------------------------------
+
+    def request(self, link: Any, now: float) -> None:
+        """Ask the store process for the figures (one request in flight at a time); they
+        are applied when it answers."""
+        if self.reading:
+            return
+        self.reading = True
+        pools = list(self.config.pools)
+        link.submit("observer_read", pools, self.last_id, on_reply=lambda r: self._figures(r, now))
+
+    def _figures(self, reply: Any, asked: float) -> None:
+        self.reading = False
+        if reply.error is not None:
+            log.debug("queue figures not read: %s", reply.error)
+            return
+        stats, (counts, last_id) = reply.value
+        self._apply(stats, counts, last_id, asked)
 
     def read_store(self, store: Any, now: float) -> bool:
         """Read backlog, oldest age and new enqueues; False (figures kept) when it failed."""
@@ -65,13 +83,16 @@ class Observer:
         except StoreError as exc:
             log.debug("queue figures not read: %s", exc)
             return False
+        self._apply(stats, counts, last_id, now)
+        return True
+
+    def _apply(self, stats: Any, counts: dict[str, int], last_id: int, now: float) -> None:
         self.stats, self.stats_read_at = stats, now
         if self.last_id is not None:
             for pool, n in counts.items():
                 if pool in self.enqueued:
                     self.enqueued[pool] += n
         self.last_id = last_id
-        return True
 
     # ---- the snapshot ------------------------------------------------------------------
 
@@ -85,6 +106,7 @@ class Observer:
         dispatcher: Any,
         pinger: Any,
         scaling: Mapping[str, Any] | None = None,
+        store_waiting_since: float | None = None,
     ) -> FleetSnapshot:
         """The snapshot of this instant; also kept as ``latest``."""
         self._sample(now, counters)
@@ -102,6 +124,7 @@ class Observer:
             started_at=self.started_at,
             store_ok=dispatcher.store_failures == 0,
             store_failures=dispatcher.store_failures,
+            store_wait=None if store_waiting_since is None else now - store_waiting_since,
             figures_age=None if self.stats_read_at is None else now - self.stats_read_at,
             pending_writes=dispatcher.pending_writes,
             lease_expiries=counters.lease_expiries,

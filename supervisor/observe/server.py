@@ -189,7 +189,11 @@ class MetricsServer:
                 **verdict.to_dict(),
                 "node": snap.node_id,
                 "state": snap.state,
-                "store": {"ok": snap.store_ok, "failures_in_a_row": snap.store_failures},
+                "store": {
+                    "ok": snap.store_ok,
+                    "failures_in_a_row": snap.store_failures,
+                    "waiting_for": snap.store_wait,  # seconds: a call the database sits on
+                },
             }
         data = (json.dumps(body, indent=1) + "\n").encode()
         return (200 if verdict.healthy else 503), "application/json", data

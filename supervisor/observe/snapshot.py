@@ -148,6 +148,7 @@ class FleetSnapshot:
     started_at: float = 0.0
     store_ok: bool = True
     store_failures: int = 0  # store calls failed in a row (0: reachable)
+    store_wait: float | None = None  # seconds the oldest unanswered store call has waited
     figures_age: float | None = None  # seconds since the queue figures were read
     pending_writes: int = 0
     lease_expiries: int = 0  # cumulative: expired leases this node's reaper returned

@@ -29,18 +29,19 @@ import random
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.clock import Clock
-from supervisor.errors import StoreRejected, StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease, RetryBudget
 from supervisor.observe.logs import job_event
 from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import classify_exit
+from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
+from supervisor.run.storelink import Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
-from supervisor.store import Store
 from supervisor.units import format_duration
 from workers import exitcodes, protocol
 
@@ -49,14 +50,9 @@ EXPIRED_READ = 100  # rows read per reaper pass to log (and count) expired lease
 
 PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
 PIPELINE_BYTES = 64 * 1024  # frame bytes queued behind a worker's running job, at most
-# seconds a result may wait for others to share its write, while other jobs run: a commit costs
-# SQLite ~150 µs whatever it holds, a few µs a job at a busy pool's pace
-ACK_WAIT = 0.005
 # nothing more is queued behind a job running longer than this: it is not a short one. Well
 # above the pipeline's budget: on two cores a busy worker can go unscheduled for milliseconds
 QUEUE_BEHIND_AT_MOST = 0.05
-ACK_BATCH = 100  # results that are written at once, without waiting
-_REFUSED = "fleetd: "  # starts a failure message fleetd wrote in place of a refused one
 
 
 @dataclass(slots=True)
@@ -71,36 +67,52 @@ class Buffered:
 class Dispatcher:
     def __init__(
         self,
-        store: Store,
+        link: Any,
         pools: dict[str, Pool],
         node_id: str,
         clock: Clock,
         counters: Counters,
         rng: random.Random | None = None,
     ) -> None:
-        self.store = store
+        self.link = link
         self.pools = pools
         self.node_id = node_id
         self.clock = clock
         self.counters = counters
         self.rng = rng or random.Random()
+        self.health = StoreHealth(counters)
+        capped = {name for name, pool in pools.items() if pool.limits.capped}
+        self.outbox = Outbox(link, capped, counters, self.health, clock.monotonic)
+        self.outbox.on_freed = lambda name: self.wake(self.pools[name])
         self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
-        self.acks: list[tuple[str, Ack]] = []  # (pool, ack)
-        self.acks_due = 0.0  # when the oldest unwritten ack must be written (monotonic)
-        self.fails: list[tuple[str, Failure]] = []  # (pool, failure)
-        self.releases: list[Lease] = []
-        self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
-        # pools whose jobs finished since the last flush: under a fleet-wide cap, writing the
-        # result frees room, so a capped pool claims again at once instead of at its slow poll
-        self.freed: set[str] = set()
         self.next_heartbeat = {name: 0.0 for name in pools}
         # when jobs this node failed become claimable again (monotonic, a heap per pool): an
         # idle pool polls then, not at its adaptive poll's next slow tick
-        self.retries_due: dict[str, list[float]] = {name: [] for name in pools}
+        self.retries_due = self.outbox.retries_due
+        for name in pools:
+            self.retries_due[name] = []
+        self.claiming: set[str] = set()  # pools with a claim in flight
+        self.extending: set[str] = set()  # pools with an extend in flight
+        self.reaping = self.pruning = False
+        self.draining = False  # nothing more is handed out; late claims go back at once
         self.next_reap = 0.0
         self.next_prune = 0.0
-        self.store_retry_at = 0.0  # after a store error, no call before this
-        self.store_failures = 0  # in a row
+
+    @property
+    def store_retry_at(self) -> float:
+        return self.health.retry_at
+
+    @property
+    def store_failures(self) -> int:
+        return self.health.failures
+
+    @property
+    def pending_writes(self) -> int:
+        return self.outbox.pending
+
+    @property
+    def acks_due(self) -> float:
+        return self.outbox.acks_due
 
     # ---- claim and hand out ------------------------------------------------------------
 
@@ -114,7 +126,9 @@ class Dispatcher:
         worker that holds nothing, or, for a pool that pipelines (short jobs), what its
         workers may still be sent (none behind a job running long); such a pool also claims
         a second pipeline's worth ahead, and only once half of what it wants is missing, so
-        one claim serves many jobs."""
+        one claim serves many jobs. One claim per pool is in flight at a time."""
+        if pool.name in self.claiming:
+            return
         depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
         capacity = room = 0
         empty = False
@@ -131,37 +145,50 @@ class Dispatcher:
         want = room + ahead - len(self.buffer[pool.name])
         if want <= 0 or not (depth == 1 or empty or 2 * want >= capacity):
             return
-        if now < pool.next_poll_at or now < self.store_retry_at:
+        if now < pool.next_poll_at or now < self.health.retry_at:
             return
         due = self.retries_due[pool.name]
         while due and due[0] <= now:  # this claim sees those retries
             heapq.heappop(due)
         c = pool.config
-        lease = c.lease
         limits = pool.limits
-        try:
-            got = self.store.claim(
-                pool=pool.name,
-                kinds=pool.kinds,
-                n=want,
-                node=self.node_id,
-                lease=lease,
-                limits=limits if limits.capped else None,
-                budget=_budget(c.retry_budget),
-            )
-        except StoreUnavailable as exc:
-            self._store_failed(now, "claim", exc)
+        self.claiming.add(pool.name)
+        self.link.submit(
+            "claim",
+            pool=pool.name,
+            kinds=pool.kinds,
+            n=want,
+            node=self.node_id,
+            lease=c.lease,
+            limits=limits if limits.capped else None,
+            budget=_budget(c.retry_budget),
+            on_reply=lambda reply: self._claimed(pool, want, reply),
+        )
+
+    def _claimed(self, pool: Pool, want: int, reply: Reply) -> None:
+        self.claiming.discard(pool.name)
+        now = self.clock.monotonic()
+        if reply.error is not None:
+            self.health.failed(now, "claim", reply.error)
             return
-        self._store_ok()
+        self.health.ok()
+        got: list[Claimed] = reply.value
+        expires = reply.started + pool.config.lease  # the lease runs out no earlier
         for claimed in got:
-            self.buffer[pool.name].append(Buffered(claimed, now + lease))
+            if self.draining:  # claimed while a drain began: hand it back untouched
+                self.outbox.release(claimed.lease)
+                continue
+            self.buffer[pool.name].append(Buffered(claimed, expires))
             self.counters.claimed[pool.name] += 1
             if claimed.attempt > 1:
                 self.counters.redeliveries[pool.name] += 1
         pool.empty_claims = 0 if len(got) == want else pool.empty_claims + 1
         pool.next_poll_at = now + (0.0 if len(got) == want else poll_delay(pool.empty_claims))
+        due = self.retries_due[pool.name]
         if due:
             pool.next_poll_at = min(pool.next_poll_at, due[0])
+        if got and not self.draining:
+            self.assign(pool, now)  # at once: the reply came between two passes
 
     def assign(self, pool: Pool, now: float) -> None:
         """Send buffered jobs to workers with room, the least loaded first, in claim order.
@@ -248,14 +275,12 @@ class Dispatcher:
                 self._failure(pool, job, ErrorKind.PERMANENT, str(exc), msg.peak_rss, msg.duration)
                 self._job_over(pool, worker, msg.duration, now)
                 return
-            if not self.acks:
-                self.acks_due = now + ACK_WAIT
-            self.acks.append(
-                (pool.name, Ack(job.claimed.lease, result, msg.peak_rss, msg.duration))
+            self.outbox.ack(
+                pool.name, Ack(job.claimed.lease, result, msg.peak_rss, msg.duration), now
             )
             self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
             if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
-                self._log_job(
+                log_job(
                     logging.INFO,
                     "job_recovered",
                     job.claimed,
@@ -272,7 +297,7 @@ class Dispatcher:
             if kind is ErrorKind.TIMEOUT and soft is not None and soft != msg.job_id:
                 # the SoftTimeout meant for the job before it, whose result was already on
                 # its way, landed in this one: not its failure
-                self.releases.append(job.claimed.lease)
+                self.outbox.release(job.claimed.lease)
                 self._job_over(pool, worker, msg.duration, now)
                 return
             message = storable_message(msg.message)  # a handler's text: NUL, surrogates, size
@@ -286,7 +311,7 @@ class Dispatcher:
         elif isinstance(msg, protocol.Returned):
             returned = worker.returned(msg.job_id, now, pool.config.timeout)
             if returned is not None:
-                self.releases.append(returned.claimed.lease)
+                self.outbox.release(returned.claimed.lease)
         elif isinstance(msg, protocol.Pong):
             worker.last_rss = msg.rss
         elif isinstance(msg, protocol.Recycling):
@@ -294,7 +319,6 @@ class Dispatcher:
             worker.recycling = True
 
     def _job_over(self, pool: Pool, worker: WorkerHandle, duration: float, now: float) -> None:
-        self.freed.add(worker.pool)
         pool.job_took(duration)
         worker.jobs_done += 1
         worker.finished(now, pool.config.timeout)
@@ -304,7 +328,7 @@ class Dispatcher:
         current one never started: released; so did the current one of a worker that said
         Recycling (it exits right after a result)."""
         for queued in worker.queued:
-            self.releases.append(queued.claimed.lease)
+            self.outbox.release(queued.claimed.lease)
         worker.queued.clear()
         job = worker.job
         if job is None:
@@ -312,12 +336,12 @@ class Dispatcher:
         pool = self.pools[worker.pool]
         code = status >> 8 if status & 0x7F == 0 else None
         if worker.recycling and code == exitcodes.RECYCLE:
-            self.releases.append(job.claimed.lease)  # never started: hand it back untouched
+            self.outbox.release(job.claimed.lease)  # never started: hand it back untouched
             return
         if worker.kill_reason is not None and worker.kill_target != job.claimed.job_id:
             # killed for the job before it (a timeout, a lost lease, memory), whose result
             # was already in the socket: this one is not to blame
-            self.releases.append(job.claimed.lease)
+            self.outbox.release(job.claimed.lease)
             return
         verdict = classify_exit(status, worker.kill_reason)
         if verdict.action == "fail":
@@ -327,7 +351,7 @@ class Dispatcher:
             self._failure(pool, job, verdict.error_kind, verdict.message, peak, took)
             pool.job_took(took)
         elif verdict.action == "release":
-            self.releases.append(job.claimed.lease)
+            self.outbox.release(job.claimed.lease)
         else:
             self.counters.lost_leases += 1
             log.warning("job %s: %s", job.claimed.job_id, verdict.message)
@@ -349,184 +373,31 @@ class Dispatcher:
         )
         budget = _budget(c.retry_budget)
         failure = Failure(job.claimed.lease, kind, message, delay, peak, duration, budget)
-        self.fails.append((pool.name, failure))
-        self.failed[job.claimed.job_id] = job.claimed  # for the dead-letter line, if it dies
+        self.outbox.fail(pool.name, failure, job.claimed)
         self.counters.job_finished(pool.name, str(kind), duration, peak, self.clock.monotonic())
-        self._log_job(
+        log_job(
             logging.INFO, "job_failed", job.claimed, pool.name, duration, peak, str(kind), message
-        )
-
-    def _log_job(
-        self,
-        level: int,
-        event: str,
-        c: Claimed,
-        pool: str,
-        duration: float | None,
-        peak: int | None,
-        error_kind: str | None,
-        message: str,
-    ) -> None:
-        job_event(
-            log,
-            level,
-            event,
-            job_id=c.job_id,
-            pool=pool,
-            kind=c.kind,
-            attempt=c.attempt,
-            max_deliveries=c.max_deliveries,
-            duration=duration,
-            peak_rss=peak,
-            error_kind=error_kind,
-            message=message,
         )
 
     # ---- writing back ------------------------------------------------------------------
 
     def flush(self, now: float, *, force: bool = False) -> None:
-        """Write buffered acks, failures and releases (each list one call). Acks alone wait
-        up to ``ACK_WAIT`` for company (a busy pool finishes jobs one at a time, and one
-        write for many is what makes short jobs cheap), unless ``force``d, no other job is
-        running (none could join them), or a pool under a fleet-wide cap is waiting for the
-        room they free."""
-        if now < self.store_retry_at or not (self.acks or self.fails or self.releases):
-            return
-        if not (
-            force
-            or self.fails
-            or self.releases
-            or len(self.acks) >= ACK_BATCH
-            or now >= self.acks_due
-            or any(self.pools[name].limits.capped for name in self.freed)
-            or not self._running()
-        ):
-            return
-        try:
-            self._write_acks()
-            self._write_fails()
-            self._write_releases()
-        except StoreUnavailable as exc:
-            self._store_failed(now, "write results", exc)
-            return
-        self._store_ok()
-        for name in self.freed:
-            if self.pools[name].limits.capped:
-                self.wake(self.pools[name])
-        self.freed.clear()
-
-    # A write the database refuses (StoreRejected) is narrowed to its row: the batch is
-    # written again one row at a time, the refused row is dealt with alone, and every other
-    # row is written. What is left when the store becomes unavailable stays for the retry.
-
-    def _write_acks(self) -> None:
-        if not self.acks:
-            return
-        try:
-            self.counters.lost_leases += len(self.store.ack([a for _, a in self.acks]))
-            self.acks = []
-            return
-        except StoreRejected:
-            pass
-        while self.acks:
-            pool, ack = self.acks[0]
-            try:
-                self.counters.lost_leases += len(self.store.ack([ack]))
-            except StoreRejected as exc:
-                why = f"its result could not be stored ({exc}); not retried: it would be again"
-                self._refused(pool, ack.lease, ErrorKind.PERMANENT, why, ack)
-            self.acks.pop(0)
-
-    def _write_fails(self) -> None:
-        if not self.fails:
-            return
-        try:
-            self._record_fails(self.store.fail([f for _, f in self.fails]), self.fails)
-            self.fails = []
-            return
-        except StoreRejected:
-            pass
-        while self.fails:
-            pool, failure = self.fails[0]
-            try:
-                self._record_fails(self.store.fail([failure]), [self.fails[0]])
-            except StoreRejected as exc:
-                if failure.message.startswith(_REFUSED):
-                    # even the bare failure was refused: leave the lease to expire into the
-                    # reaper (the job runs again; nothing is lost)
-                    log.error("job %s: failure not stored: %s", failure.lease.job_id, exc)
-                    self.failed.pop(failure.lease.job_id, None)
-                else:
-                    why = f"{failure.error_kind}; its message could not be stored ({exc})"
-                    self._refused(pool, failure.lease, failure.error_kind, why, failure)
-            self.fails.pop(0)
-
-    def _write_releases(self) -> None:
-        if not self.releases:
-            return
-        try:
-            self.counters.releases += len(self.store.release(self.releases))
-            self.releases = []
-            return
-        except StoreRejected:
-            pass
-        while self.releases:
-            try:
-                self.counters.releases += len(self.store.release(self.releases[:1]))
-            except StoreRejected as exc:  # a lease holds no data of the job's: not expected
-                log.error("job %s: release refused: %s", self.releases[0].job_id, exc)
-            self.releases.pop(0)
-
-    def _refused(
-        self, pool: str, lease: Lease, kind: ErrorKind, why: str, was: Ack | Failure
-    ) -> None:
-        """Fail the job whose write was refused, alone, with a message of fleetd's own."""
-        log.error("job %s: the database refused its write: %s", lease.job_id, why)
-        retry = None if kind is ErrorKind.PERMANENT or isinstance(was, Ack) else was.retry_delay
-        budget = None if isinstance(was, Ack) else was.budget
-        failure = Failure(
-            lease, kind, storable_message(_REFUSED + why), retry, was.peak_rss, was.duration, budget
-        )
-        self.fails.append((pool, failure))
+        """Write buffered results (``Outbox.flush``): acks may wait a little for company
+        while other jobs run, unless ``force``d (a drain)."""
+        self.outbox.flush(now, force=force, running=self._running())
 
     def _running(self) -> bool:
         """Whether any worker runs a job now (whose result could share a write)."""
         return any(w.job is not None for p in self.pools.values() for w in p.workers.values())
 
-    def _record_fails(self, outcome, fails: list[tuple[str, Failure]]) -> None:
-        self.counters.lost_leases += len(outcome.lost)
-        dead, retried = set(outcome.dead), set(outcome.retried)
-        deferred = set(outcome.deferred)
-        written = self.clock.monotonic()  # after the write: the store's "now + delay" is earlier
-        for pool, f in fails:
-            if f.lease.job_id in retried and f.retry_delay is not None:
-                later = f.budget.window if f.budget and f.lease.job_id in deferred else 0.0
-                heapq.heappush(self.retries_due[pool], written + f.retry_delay + later)
-            claimed = self.failed.pop(f.lease.job_id, None)
-            if f.lease.job_id in dead:
-                self.counters.dead_letters[(pool, str(f.error_kind))] += 1
-                if claimed is not None:
-                    self._log_job(
-                        logging.WARNING,
-                        "job_dead",
-                        claimed,
-                        pool,
-                        f.duration,
-                        f.peak_rss,
-                        str(f.error_kind),
-                        f.message,
-                    )
-        if deferred:
-            log.warning(
-                "retry budget exhausted: %d failed job(s) deferred instead of retried at once",
-                len(deferred),
-            )
-
     def release_unstarted(self) -> None:
         """Hand back every job claimed but not started (drain): those in the buffer at once;
-        those queued in workers as the workers return them (``Returned``), or when they exit."""
+        those queued in workers as the workers return them (``Returned``), or when they exit;
+        those of a claim still in flight when its reply comes."""
+        self.draining = True
         for queue in self.buffer.values():
-            self.releases.extend(item.claimed.lease for item in queue)
+            for item in queue:
+                self.outbox.release(item.claimed.lease)
             queue.clear()
         for pool in self.pools.values():
             for worker in pool.workers.values():
@@ -555,51 +426,59 @@ class Dispatcher:
                 worker.job = None
                 worker.queued.clear()
 
-    @property
-    def pending_writes(self) -> int:
-        return len(self.acks) + len(self.fails) + len(self.releases)
-
     # ---- leases ------------------------------------------------------------------------
 
     def heartbeat(self, pool: Pool, now: float) -> None:
-        """Extend every lease this pool holds, in one statement, when due."""
-        if now < self.next_heartbeat[pool.name] or now < self.store_retry_at:
+        """Extend every lease this pool holds, in one statement, when due (one in flight)."""
+        if now < self.next_heartbeat[pool.name] or now < self.health.retry_at:
+            return
+        if pool.name in self.extending:
             return
         c = pool.config
-        held = [w for w in pool.workers.values() if w.job is not None and w.kill_reason is None]
-        for w in held:
-            if w.job is not None and w.job.extensions >= c.max_lease_extensions:
+        for w in pool.workers.values():
+            if w.job is None or w.kill_reason is not None:
+                continue
+            if w.job.extensions >= c.max_lease_extensions:
                 w.kill(
                     KillReason(
-                        "timeout",
+                        KillKind.TIMEOUT,
                         f"held its lease through max_lease_extensions "
                         f"({c.max_lease_extensions}) extensions",
                     ),
                     now,
                 )
-        held = [w for w in held if w.kill_reason is None]
+        held = [w for w in pool.workers.values() if w.job is not None and w.kill_reason is None]
         leases = [j.claimed.lease for w in held for j in w.jobs()] + [
             b.claimed.lease for b in self.buffer[pool.name]
         ]
         if not leases:
             self.next_heartbeat[pool.name] = now + c.heartbeat
             return
-        try:
-            lost = set(self.store.extend(leases, lease=c.lease))
-        except StoreUnavailable as exc:
-            self._store_failed(now, "extend leases", exc)
-            return
-        self._store_ok()
-        self.next_heartbeat[pool.name] = now + c.heartbeat
-        self._apply_extension(pool, held, lost, now)
+        self.extending.add(pool.name)
+        sent = set(leases)
+        self.link.submit(
+            "extend",
+            leases,
+            lease=c.lease,
+            on_reply=lambda reply: self._extended(pool, sent, now + c.heartbeat, reply),
+        )
 
-    def _apply_extension(
-        self, pool: Pool, held: list[WorkerHandle], lost: set[Lease], now: float
-    ) -> None:
-        lease = pool.config.lease
-        for w in held:
+    def _extended(self, pool: Pool, sent: set[Lease], next_due: float, reply: Reply) -> None:
+        """Apply an extend's reply to the jobs still held: a lease that was not extended
+        (taken over, reaped) kills its worker; the others run out no earlier than the call's
+        start plus the lease."""
+        self.extending.discard(pool.name)
+        now = self.clock.monotonic()
+        if reply.error is not None:
+            self.health.failed(now, "extend leases", reply.error)
+            return
+        self.health.ok()
+        self.next_heartbeat[pool.name] = next_due
+        lost = set(reply.value)
+        expires = reply.started + pool.config.lease
+        for w in pool.workers.values():
             job = w.job
-            if job is None:
+            if job is None or w.kill_reason is not None:
                 continue
             if job.claimed.lease in lost:
                 self.counters.lost_leases += 1
@@ -612,14 +491,17 @@ class Dispatcher:
                 w.kill(KillReason(KillKind.RETIRE, "a job queued on it lost its lease"), now)
                 continue
             for j in w.jobs():
-                j.lease_expires, j.extensions = now + lease, j.extensions + 1
+                if j.claimed.lease in sent:
+                    j.lease_expires, j.extensions = max(j.lease_expires, expires), j.extensions + 1
         kept = deque(b for b in self.buffer[pool.name] if b.claimed.lease not in lost)
         for b in kept:
-            b.lease_expires, b.extensions = now + lease, b.extensions + 1
+            if b.claimed.lease in sent:
+                b.lease_expires, b.extensions = max(b.lease_expires, expires), b.extensions + 1
         self.buffer[pool.name] = kept
 
     def expire_unheld(self, now: float) -> None:
-        """Kill workers whose lease ran out without an extension (database unreachable)."""
+        """Kill workers whose lease ran out without an extension (the store unreachable or
+        stalled): never run a job whose lease you do not hold."""
         for pool in self.pools.values():
             for w in pool.busy():
                 if w.job is None or w.kill_reason is not None:
@@ -628,52 +510,48 @@ class Dispatcher:
                     self.counters.lost_leases += 1
                     w.kill(
                         KillReason(
-                            "lease_lost", "its lease ran out while the database was unreachable"
+                            KillKind.LEASE_LOST,
+                            "its lease ran out before the store confirmed an extension",
                         ),
                         now,
                     )
             live = deque(b for b in self.buffer[pool.name] if b.lease_expires > now)
             self.buffer[pool.name] = live
 
+    # ---- housekeeping ------------------------------------------------------------------
+
     def reap(self, now: float, interval: float) -> None:
         """Return expired leases of any node to the queue (every node runs this)."""
-        if now < self.next_reap or now < self.store_retry_at:
+        if self.reaping or now < self.next_reap or now < self.health.retry_at:
             return
-        try:
-            out = self.store.reap()
-        except StoreUnavailable as exc:
-            self._store_failed(now, "reap", exc)
-            return
-        self._store_ok()
+        self.reaping = True
         self.next_reap = now + interval
-        if out.count:
-            self.counters.lease_expiries += out.count
-            log.warning(
-                "reaper: %d expired lease(s): %d requeued, %d dead",
-                out.count,
-                len(out.requeued),
-                len(out.dead),
-            )
-            self._expired_jobs(out.dead, out.requeued)
+        self.link.submit("reap_described", EXPIRED_READ, on_reply=self._reaped)
 
-    def _expired_jobs(self, dead_ids: tuple[int, ...], requeued: tuple[int, ...]) -> None:
-        """One log line per job whose lease expired, and the dead ones counted as dead
-        letters (the reaper returns only ids, so the rows are read: at most
-        ``EXPIRED_READ`` per pass; more are only in the summary line)."""
-        dead = set(dead_ids)
-        for job_id in [*dead_ids, *requeued][:EXPIRED_READ]:
-            try:
-                job = self.store.get(job_id)
-            except StoreUnavailable:
-                return
-            if job is None:
-                continue
-            if job_id in dead:
+    def _reaped(self, reply: Reply) -> None:
+        self.reaping = False
+        if reply.error is not None:
+            self.health.failed(self.clock.monotonic(), "reap", reply.error)
+            return
+        self.health.ok()
+        out, rows = reply.value
+        if not out.count:
+            return
+        self.counters.lease_expiries += out.count
+        log.warning(
+            "reaper: %d expired lease(s): %d requeued, %d dead",
+            out.count,
+            len(out.requeued),
+            len(out.dead),
+        )
+        dead = set(out.dead)
+        for job in rows:  # one line per job (at most EXPIRED_READ a pass)
+            if job.id in dead:
                 self.counters.dead_letters[(job.pool, str(ErrorKind.LEASE_EXPIRED))] += 1
             job_event(
                 log,
                 logging.WARNING,
-                "job_dead" if job_id in dead else "job_lease_expired",
+                "job_dead" if job.id in dead else "job_lease_expired",
                 job_id=job.id,
                 pool=job.pool,
                 kind=job.kind,
@@ -687,38 +565,18 @@ class Dispatcher:
 
     def prune(self, now: float, retention: float) -> None:
         """Delete done jobs older than the retention, once a minute (every node; batched)."""
-        if now < self.next_prune or now < self.store_retry_at:
+        if self.pruning or now < self.next_prune or now < self.health.retry_at:
             return
+        self.pruning = True
         self.next_prune = now + PRUNE_EVERY
-        try:
-            removed = self.store.prune(older_than=retention)
-        except StoreUnavailable as exc:
-            self._store_failed(now, "prune", exc)
-            return
-        if removed:
-            log.info("pruned %d done job(s) older than the retention", removed)
+        self.link.submit("prune", older_than=retention, on_reply=self._pruned)
 
-    # ---- store health ------------------------------------------------------------------
-
-    def _store_failed(self, now: float, what: str, exc: Exception) -> None:
-        self.counters.store_errors += 1
-        self.store_failures += 1
-        backoff = min(5.0, 0.1 * 2 ** min(self.store_failures - 1, 10))
-        self.store_retry_at = now + backoff
-        if self.store_failures == 1 or self.store_failures % 20 == 0:
-            log.error(
-                "store unavailable (%s): %s; retrying in %.1fs (%d failures in a row)",
-                what,
-                exc,
-                backoff,
-                self.store_failures,
-            )
-
-    def _store_ok(self) -> None:
-        if self.store_failures:
-            log.warning("store reachable again after %d failed calls", self.store_failures)
-        self.store_failures = 0
-        self.store_retry_at = 0.0
+    def _pruned(self, reply: Reply) -> None:
+        self.pruning = False
+        if reply.error is not None:
+            self.health.failed(self.clock.monotonic(), "prune", reply.error)
+        elif reply.value:
+            log.info("pruned %d done job(s) older than the retention", reply.value)
 
 
 def _behind_long_job(worker: WorkerHandle, now: float) -> bool:

@@ -46,6 +46,7 @@ from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.pinger import Pinger
 from supervisor.run.pool import Pool
 from supervisor.run.scaler import Scaler
+from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
 from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
 from workers import protocol
@@ -66,9 +67,14 @@ class Fleet:
         handlers: dict[str, dict[str, Callable[[Any], Any]]],
         node_id: str | None = None,
         clock: Clock | None = None,
+        link: InlineLink | ProcessLink | None = None,
     ) -> None:
         self.config = config
-        self.store = store
+        self.store = store  # at boot only (migrated, node registered); then every call
+        # goes through the link: its own process, so the loop never waits for the database
+        self.link = link or ProcessLink(
+            config.database, title=config.name, listen=store.dialect != "sqlite"
+        )
         self.clock = clock or SystemClock()
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.pid = os.getpid()
@@ -77,7 +83,7 @@ class Fleet:
             for name, pool_config in config.pools.items()
         }
         self.counters = Counters()
-        self.dispatcher = Dispatcher(store, self.pools, self.node_id, self.clock, self.counters)
+        self.dispatcher = Dispatcher(self.link, self.pools, self.node_id, self.clock, self.counters)
         self.drain = Drain(config.grace_period)
         self.memcg = MemoryCgroups(enabled=config.memory_cgroup, pid=self.pid)
         self.loop: Loop | None = None
@@ -87,7 +93,7 @@ class Fleet:
         self.next_watchdog = 0.0
         self.reap_interval = min(10.0, max(0.5, min(p.lease for p in config.pools.values()) / 4))
         self.scaler = Scaler(
-            store,
+            self.link,
             self.pools,
             cores=host.usable_cores(),
             memory_budget=config.memory_budget.bytes_of(host.total_memory()),
@@ -104,6 +110,7 @@ class Fleet:
         )
         self.pinger = Pinger()
         self.metrics: MetricsServer | None = None
+        self.heartbeat_in_flight = False
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -118,6 +125,7 @@ class Fleet:
             while self.drain.phase != DrainPhase.STOPPED:
                 self.loop.wait(self.next_timeout())
                 now = self.clock.monotonic()
+                self.link.tick(now, self.child_cleanup)
                 self.handle_signals(now)
                 self.reap_children(now)
                 self.run_watchdog(now)
@@ -146,7 +154,13 @@ class Fleet:
         self.memcg.start()
         if self.metrics is not None:
             self.metrics.attach(self.loop)
-        self.connect_waker(self.clock.monotonic())
+        if self.store.dialect == "sqlite":  # a local socket; PostgreSQL's LISTEN is the link's
+            self.connect_waker(self.clock.monotonic())
+        if isinstance(self.link, ProcessLink):
+            self.store.close()  # no connection of the parent's may be shared with a fork
+        self.link.on_wake = self.on_wake_pools
+        self.link.attach(self.loop.watch, self.loop.unwatch)
+        self.link.start(self.child_cleanup)
         self.set_title()
         log.info(
             "fleetd supervisor %s started: %d pools, database %s",
@@ -206,8 +220,9 @@ class Fleet:
                 due.append(pool.next_spawn_at)
         if self.drain.phase == DrainPhase.FINISHING:
             due.append(self.drain.deadline)
-        if self.waker is None:
+        if self.waker is None and self.store.dialect == "sqlite":
             due.append(self.next_waker_at)
+        due.extend(self.link_timers(now))
         return max(0.0, min(due) - now) if due else 1.0
 
     # ---- workers -----------------------------------------------------------------------
@@ -233,10 +248,26 @@ class Fleet:
         self.loop.watch(worker.fd, lambda w=worker: self.read_worker(w))
         self.set_title()
 
+    def link_timers(self, now: float) -> list[float]:
+        """When the link needs the loop: a store process to fork again, frames the kernel
+        did not take yet, the bound on an unanswered call."""
+        if not isinstance(self.link, ProcessLink):
+            return []
+        if self.link.pid is None:
+            return [self.link.respawn_at]
+        since = self.link.waiting_since()
+        due = [] if since is None else [since + CALL_LIMIT]
+        if self.link.outbox:
+            due.append(now + 0.01)
+        return due
+
     def child_cleanup(self) -> None:
-        """In a new worker: close the parent's loop, sockets and wake-up channel."""
+        """In a new worker or store process: close the parent's loop, sockets and wake-up
+        channel."""
         if self.loop is not None:
             self.loop.reset_in_child()
+        if isinstance(self.link, ProcessLink) and self.link.sock is not None:
+            self.link.sock.close()
         for pool in self.pools.values():
             for other in pool.workers.values():
                 other.sock.close()
@@ -279,6 +310,9 @@ class Fleet:
                 return
             if pid == 0:
                 return
+            if isinstance(self.link, ProcessLink) and pid == self.link.pid:
+                self.link.exited(status, now)
+                continue
             for pool in self.pools.values():
                 worker = pool.workers.get(pid)
                 if worker is not None:
@@ -369,17 +403,20 @@ class Fleet:
         for worker in workers:
             with contextlib.suppress(ChildProcessError):
                 _wait_child(worker.pid, deadline)
-        d.releases.extend(d.held_leases())
+        for lease in d.held_leases():
+            d.outbox.release(lease)
         d.forget_held()
         give_up = self.clock.monotonic() + WRITE_PATIENCE
         while d.pending_writes and self.clock.monotonic() < give_up:
             try:
+                self.link.tick(self.clock.monotonic(), self.child_cleanup)
                 d.flush(self.clock.monotonic(), force=True)
+                self.link.wait_idle(max(0.0, give_up - self.clock.monotonic()))
             except Exception:
                 log.exception("could not write results after the loop failed")
                 break
             if d.pending_writes:
-                time.sleep(max(0.0, min(d.store_retry_at - self.clock.monotonic(), 1.0)))
+                time.sleep(max(0.0, min(d.store_retry_at - self.clock.monotonic(), 0.2)))
         if d.pending_writes:
             log.error(
                 "%d result(s) and release(s) not written; their leases will expire and the "
@@ -389,10 +426,16 @@ class Fleet:
         self.shutdown()
 
     def shutdown(self) -> None:
-        try:
-            self.store.node_heartbeat(self.node_id, state="stopped", snapshot=None)
-        except Exception as exc:
-            log.error("could not mark node stopped: %s", exc)
+        def marked(reply: Reply) -> None:
+            if reply.error is not None:
+                log.error("could not mark node stopped: %s", reply.error)
+
+        self.link.submit(
+            "node_heartbeat", self.node_id, state="stopped", snapshot=None, on_reply=marked
+        )
+        if not self.link.wait_idle(2.0):
+            log.error("could not mark node stopped: the store did not answer in 2s")
+        self.link.close(2.0)
         if self.waker is not None:
             self.waker.close()
         if self.metrics is not None:
@@ -425,19 +468,19 @@ class Fleet:
 
     def on_wake(self) -> None:
         assert self.loop is not None
-        pools = self.waker.drain()
-        for name in pools:
-            if name in self.pools:
-                self.dispatcher.wake(self.pools[name])
+        self.on_wake_pools(self.waker.drain())
         if self.waker.broken:
             self.loop.unwatch(self.waker.fileno())
             self.waker.close()
             self.waker = None
             self.next_waker_at = self.clock.monotonic() + 1.0
 
+    def on_wake_pools(self, pools: set[str]) -> None:
+        for name in pools:
+            if name in self.pools:
+                self.dispatcher.wake(self.pools[name])
+
     def publish(self, now: float) -> None:
-        if self.waker is None and now >= self.next_waker_at and self.store.dialect != "sqlite":
-            self.connect_waker(now)
         self.pinger.tick(self.pools.values(), now)
         if self.metrics is not None:
             self.metrics.expire(now)
@@ -445,12 +488,23 @@ class Fleet:
             return
         self.next_publish = now + PUBLISH_EVERY
         if now >= self.dispatcher.store_retry_at:  # not while backing off from a failure
-            self.observer.read_store(self.store, now)
+            self.observer.request(self.link, now)
+        if self.heartbeat_in_flight:
+            return  # the last one is not answered yet (a stalled store): the next will say it
+        self.heartbeat_in_flight = True
         state = "draining" if self.drain.active else "running"
-        try:
-            self.store.node_heartbeat(self.node_id, state=state, snapshot=self.snapshot_json())
-        except Exception as exc:
-            log.debug("node heartbeat failed: %s", exc)
+        self.link.submit(
+            "node_heartbeat",
+            self.node_id,
+            state=state,
+            snapshot=self.snapshot_json(),
+            on_reply=self.heartbeat_written,
+        )
+
+    def heartbeat_written(self, reply: Reply) -> None:
+        self.heartbeat_in_flight = False
+        if reply.error is not None:
+            log.debug("node heartbeat failed: %s", reply.error)
 
     def snapshot_json(self) -> str:
         """This instant's FleetSnapshot as JSON (the node row; also kept for /metrics)."""
@@ -461,6 +515,7 @@ class Fleet:
             draining=self.drain.active,
             dispatcher=self.dispatcher,
             pinger=self.pinger,
+            store_waiting_since=self.link.waiting_since(),
             scaling=self.scaler.scaling,
         ).to_json()
 

@@ -11,7 +11,8 @@ The arrival rate is measured, not assumed: completions per second over the windo
 backlog's growth per second since the last evaluation (what arrived either finished or is
 still waiting). Until the pool has finished a job there is no service time: the scaler then
 adds one worker at a time while work is waiting. All decisions are in ``supervisor.policy``;
-this module gathers the figures and applies the result. Owned by the main thread.
+this module gathers the figures (one request to the store process, ``scaler_read``; the
+evaluation runs when it answers) and applies the result. Owned by the main thread.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from supervisor.errors import StoreUnavailable
 from supervisor.model import PoolHistory, PoolStats
 from supervisor.policy import (
     Ceiling,
@@ -35,7 +36,6 @@ from supervisor.policy import (
     saturated,
 )
 from supervisor.run.pool import Pool
-from supervisor.store import Store
 
 log = logging.getLogger("fleetd.scaler")
 
@@ -64,7 +64,7 @@ class PoolScaling:
 class Scaler:
     def __init__(
         self,
-        store: Store,
+        link: Any,
         pools: Mapping[str, Pool],
         *,
         cores: int,
@@ -72,8 +72,9 @@ class Scaler:
         interval: float,
         started: float,
     ) -> None:
-        self.store = store
+        self.link = link  # to the store process (supervisor/run/storelink.py)
         self.pools = pools
+        self.reading = False
         self.cores = cores
         self.memory_budget = memory_budget
         self.interval = interval
@@ -86,16 +87,23 @@ class Scaler:
 
     def tick(self, now: float, *, draining: bool) -> None:
         """Re-decide every pool's target when an evaluation is due."""
-        if draining or now < self.next_eval:
+        if draining or self.reading or now < self.next_eval:
             return
         self.next_eval = now + self.interval
-        try:
-            stats = self.store.stats(list(self.pools))
-            history = {n: self.store.history(n, window=self.window) for n in self.pools}
-            nodes = self.store.list_nodes()
-        except StoreUnavailable as exc:
-            log.debug("scaling skipped: %s", exc)
+        self.reading = True
+        self.link.submit(
+            "scaler_read",
+            list(self.pools),
+            self.window,
+            on_reply=lambda reply: self._evaluate(reply, now),
+        )
+
+    def _evaluate(self, reply: Any, now: float) -> None:
+        self.reading = False
+        if reply.error is not None:
+            log.debug("scaling skipped: %s", reply.error)
             return
+        stats, history, nodes = reply.value
         self.live_nodes = max(1, sum(1 for n in nodes if _live(n)))
         limits = ceilings(
             [self._sizing(p, history[n]) for n, p in self.pools.items()],

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.model import ErrorKind, JobState, NewJob
-from supervisor.run.dispatch import ACK_WAIT
 from supervisor.run.fleet import Fleet
+from supervisor.run.outbox import ACK_WAIT
 from supervisor.store import Store
 from tests.integration.fleet import handlers
 from tests.integration.test_leases import THIEF, steal

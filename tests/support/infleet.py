@@ -1,7 +1,9 @@
 """An in-process ``Fleet`` whose loop steps a test calls by hand, for races a real loop only
 hits by chance (a worker exiting between two steps of one pass, results left unread while a
 kill is decided). Everything else is real: the dispatcher, the store (a SQLite file), forked
-workers running ``workers.runtime``. Only the selector is replaced: ``HandLoop`` records what
+workers running ``workers.runtime``; store calls run inline (``InlineLink``: each call is
+answered before ``submit`` returns, so a claim fills the buffer at once). Only the selector
+is replaced: ``HandLoop`` records what
 the fleet watches, and the test decides when a worker's frames are read."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from supervisor.config import load_config
 from supervisor.imports import import_handlers
 from supervisor.run.fleet import Fleet
 from supervisor.run.pool import Pool
+from supervisor.run.storelink import InlineLink
 from supervisor.run.workerproc import WorkerHandle
 from supervisor.store import Store, open_store
 from tests.integration.fleet import write_config
@@ -45,7 +48,8 @@ def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
     """A fleet with one pool ``p`` on a fresh SQLite file; nothing forked yet."""
     config = load_config(write_config(folder, f"sqlite:///{folder}/q.db", {"p": pool}))
     store = open_store(config.database)
-    fleet = Fleet(config, store, import_handlers(config), node_id="hand")
+    handlers = import_handlers(config)
+    fleet = Fleet(config, store, handlers, node_id="hand", link=InlineLink(store, time.monotonic))
     fleet.loop = HandLoop()  # type: ignore[assignment]
     return fleet, store
 
