@@ -43,6 +43,7 @@ from supervisor.run import storecalls
 log = logging.getLogger("fleetd.store")
 
 CALL_LIMIT = 90.0  # seconds a call may stay unanswered before the store process is replaced
+SLOW_CALL = 1.0  # seconds: a call that took longer is logged by the store process
 RESPAWN_BACKOFF = (0.2, 5.0)  # first and longest wait before forking a dead store process again
 _HEADER = struct.Struct("!I")
 _WAKE = -1  # request id of an unsolicited message: pools named by a NOTIFY
@@ -362,7 +363,11 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
                 if pools:
                     _reply(sock, _WAKE, pools)
             for req_id, call, args, kwargs in _frames(inbox):
-                _reply(sock, req_id, execute(store, call, args, kwargs, time.monotonic))
+                reply = execute(store, call, args, kwargs, time.monotonic)
+                took = time.monotonic() - reply.started
+                if took > SLOW_CALL:
+                    log.warning("store call %s took %.1fs", call, took)
+                _reply(sock, req_id, reply)
     except (BrokenPipeError, ConnectionResetError):
         return 0
     finally:

@@ -148,6 +148,18 @@ class Supervisor:
             self.seen.update(children)
         return [c for c in children if alive(c)]
 
+    def worker_processes(self) -> list[psutil.Process]:
+        """Its live workers now: the descendants but its store process (and what jobs
+        started)."""
+        out = []
+        for proc in self.track():
+            try:
+                if proc.ppid() == self.pid and not proc.name().startswith("fleetd: store"):
+                    out.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
     def descendant(self, pid: int) -> psutil.Process | None:
         """The descendant seen with ``pid``, if the sampler saw one."""
         with self._lock:

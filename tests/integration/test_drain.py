@@ -44,7 +44,7 @@ def test_sigterm_releases_jobs_running_past_the_grace_period(fleet: Harness) -> 
     ids = [fleet.enqueue("sleep", {"seconds": 30}) for _ in range(4)]
     fleet.wait_state(ids, JobState.LEASED)  # two running, two claimed ahead (prefetch)
     a.wait_workers(fleet.store, "slow", 2, "busy")
-    workers = a.track()
+    workers = a.worker_processes()
     assert len(workers) == 2
 
     start = time.monotonic()
@@ -119,7 +119,7 @@ def test_sigkill_of_the_supervisor_loses_no_job(fleet: Harness) -> None:
         return len(s[JobState.DONE]) >= 2 and len(s[JobState.LEASED]) == 2
 
     eventually(mid_run, timeout=15)
-    workers = a.track()
+    workers = a.worker_processes()
     assert len(workers) == 2
     a.signal(signal.SIGKILL)
     wait_gone(workers, timeout=1.0)  # PR_SET_PDEATHSIG: no child outlives the supervisor

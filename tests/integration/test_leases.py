@@ -53,7 +53,7 @@ def test_a_job_whose_lease_is_taken_over_is_killed(fleet: Harness) -> None:
     job_id = fleet.enqueue("sleep", {"seconds": 30})
     eventually(lambda: running_on(fleet, job_id, "node-a"))
     sup.wait_workers(fleet.store, "work", 1, "busy")
-    (worker,) = sup.track()
+    (worker,) = sup.worker_processes()
 
     stolen = steal(fleet.store, job_id, "work", "sleep")
     assert stolen.attempt == 2

@@ -155,7 +155,11 @@ def instant_bomb(payload: Payload) -> int:
 
 @recorded
 def gradual_bomb(payload: Payload) -> int:
-    """Allocate and touch 50 MiB every 50 ms up to 4 GiB (each value from the payload)."""
+    """Allocate and touch 50 MiB every 50 ms up to 4 GiB (each value from the payload),
+    after ``delay`` seconds; with ``announce``, record the start first (a kill leaves no end)."""
+    if payload.get("announce"):
+        record(payload, time.time(), None, "started")
+    time.sleep(float(payload.get("delay", 0.0)))
     chunk = int(payload.get("chunk_mib", 50)) * MIB
     interval = float(payload.get("interval", 0.05))
     total = int(payload.get("max_mib", 4096)) * MIB

@@ -1,6 +1,8 @@
 """A TCP proxy the test controls, to take a database away from a supervisor and give it back
 without touching the server other tests use. ``cut()`` drops every connection and refuses new
-ones (connection reset at once); ``restore()`` lets them through again.
+ones (connection reset at once); ``restore()`` lets them through again. ``stall()`` keeps every
+connection open but forwards nothing, new ones included (a partition, a stalled server: the
+client's calls just wait); ``resume()`` forwards again, the held bytes first.
 
 Runs in threads of the test process (never in a supervisor), on loopback only.
 """
@@ -22,6 +24,8 @@ class TcpProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.connections = 0  # accepted while open
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -53,6 +57,8 @@ class TcpProxy:
         sel.register(b, selectors.EVENT_READ, a)
         try:
             while not self._stop.is_set():
+                if not self._flowing.wait(0.1):
+                    continue  # stalled: the bytes wait in the kernel's buffers
                 for key, _ in sel.select(0.1):
                     data = key.fileobj.recv(65536)  # type: ignore[union-attr]
                     if not data:
@@ -77,8 +83,16 @@ class TcpProxy:
     def restore(self) -> None:
         self._open = True
 
+    def stall(self) -> None:
+        """Forward nothing, on open and new connections, until ``resume``."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._flowing.set()
         self.cut()
         self.listener.close()
 
