@@ -342,7 +342,7 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
     if os.getppid() != parent:  # the parent died before PDEATHSIG was set
         return 0
     setproctitle(f"fleetd: store [{title}]")
-    store = open_store(database, migrate=False)  # the parent migrated it at boot
+    store = open_store(database, migrate=False, bounded=True)  # the parent migrated it
     waker = _Listener(store) if listen else None
     sock.setblocking(True)
     inbox = bytearray()

@@ -89,12 +89,18 @@ def display_url(url: str) -> str:
 
 
 def open_store(
-    url: str, clock: Clock | None = None, *, migrate: bool = True, create: bool = True
+    url: str,
+    clock: Clock | None = None,
+    *,
+    migrate: bool = True,
+    create: bool = True,
+    bounded: bool = False,
 ) -> Store:
     """Open (and by default migrate) the store at a SQLAlchemy URL. A URL that cannot be
     parsed, reached or migrated raises ``StoreError`` with one line that says which and why.
     ``create=False`` (commands that only read or fix up what is there): a SQLite file that
-    does not exist is that error, not a new empty queue at a mistyped path."""
+    does not exist is that error, not a new empty queue at a mistyped path. ``bounded`` (the
+    supervisor's store process): every PostgreSQL statement and lock wait has a time limit."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -105,7 +111,7 @@ def open_store(
             f"database {url!r} is not a database URL (expected e.g. "
             "'sqlite:///fleetd.db' or 'postgresql://host/db')"
         ) from exc
-    store = _engine_for(parsed, clock, create)
+    store = _engine_for(parsed, clock, create, bounded)
     if migrate:
         try:
             store.migrate()
@@ -116,7 +122,7 @@ def open_store(
     return store
 
 
-def _engine_for(url: Any, clock: Clock | None, create: bool) -> Store:
+def _engine_for(url: Any, clock: Clock | None, create: bool, bounded: bool) -> Store:
     backend = url.get_backend_name()
     if backend == "sqlite":
         from supervisor.store.sqlite import SqliteStore
@@ -131,7 +137,7 @@ def _engine_for(url: Any, clock: Clock | None, create: bool) -> Store:
             ) from exc
         from supervisor.store.postgres import PostgresStore
 
-        return PostgresStore(url.set(drivername="postgresql+psycopg"), clock)
+        return PostgresStore(url.set(drivername="postgresql+psycopg"), clock, bounded=bounded)
     raise StoreError(
         f"database {url.render_as_string(hide_password=True)!r}: unsupported "
         "engine (expected sqlite:/// or postgresql://)"

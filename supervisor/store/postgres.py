@@ -47,6 +47,18 @@ NOTIFY_CHANNEL = "fleetd_jobs"
 _DB_NOW = "CAST(extract(epoch FROM now()) AS DOUBLE PRECISION)"
 _MIGRATION_LOCK = 0x0F1EE7D  # advisory lock key: one migrator at a time
 _CLAIM_LOCKS = 0x0F1EE7C  # advisory lock space (first of two keys): capped claims per pool
+# libpq: a connect gives up after 5 s; a peer that vanished (a partition, a dead host) is
+# noticed by TCP keepalives after ~25 s idle, and unacknowledged data fails after 30 s
+CONNECTION_BOUNDS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+STATEMENT_TIMEOUT = "30s"
+LOCK_TIMEOUT = "10s"
 VACUUM_DEAD_ROWS = 10_000  # dead row versions in fleetd_jobs that make a vacuum due (~5,000 jobs)
 VACUUM_MIN_INTERVAL = 5.0  # seconds between two checks by one store
 
@@ -56,21 +68,23 @@ log = logging.getLogger(__name__)
 class PostgresStore(SqlStore):
     dialect = "postgresql"
 
-    def __init__(self, url: URL, clock: Clock | None = None) -> None:
+    def __init__(self, url: URL, clock: Clock | None = None, *, bounded: bool = False) -> None:
         engine = create_engine(
             url,
             pool_size=2,
             max_overflow=8,
-            connect_args={"connect_timeout": 5, "application_name": "fleetd"},
+            connect_args={"application_name": "fleetd", **CONNECTION_BOUNDS},
         )
         event.listen(engine, "connect", _on_connect)
+        if bounded:
+            event.listen(engine, "connect", _bound_statements)
         super().__init__(engine, clock)
         self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._monotonic = (clock or SystemClock()).monotonic
         self._next_vacuum_check = 0.0
 
     def waker(self) -> PostgresWaker:
-        return PostgresWaker(self._conninfo, NOTIFY_CHANNEL)
+        return PostgresWaker(self._conninfo, NOTIFY_CHANNEL, CONNECTION_BOUNDS)
 
     def enqueue(self, job: NewJob) -> int:
         """One job without a key is one statement in autocommit: the insert and its NOTIFY
@@ -193,6 +207,17 @@ class PostgresStore(SqlStore):
                 return False
             conn.execute(text("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) fleetd_jobs"))
         return True
+
+
+def _bound_statements(dbapi_conn: Any, _record: Any) -> None:
+    """The supervisor's connections (its store process): no statement runs longer than
+    ``STATEMENT_TIMEOUT`` and none waits longer than ``LOCK_TIMEOUT`` for a lock; either
+    fails as StoreUnavailable and is retried with backoff. (Clients are not bounded: a big
+    ``enqueue_many`` may take longer, and nothing waits on it but its caller.)"""
+    with dbapi_conn.cursor() as cursor:
+        cursor.execute(f"SET statement_timeout = '{STATEMENT_TIMEOUT}'")
+        cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+    dbapi_conn.commit()
 
 
 def _on_connect(dbapi_conn: Any, _record: Any) -> None:

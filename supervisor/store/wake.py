@@ -100,11 +100,11 @@ def _send(sock: socket.socket, data: bytes, target: Path) -> bool:
 class PostgresWaker:
     """LISTEN on a dedicated autocommit connection (psycopg 3)."""
 
-    def __init__(self, conninfo: str, channel: str) -> None:
+    def __init__(self, conninfo: str, channel: str, bounds: dict[str, int]) -> None:
         import psycopg
 
         self.broken = False
-        self.conn: Any = psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+        self.conn: Any = psycopg.connect(conninfo, autocommit=True, **bounds)
         self.conn.execute(f"LISTEN {channel}")
         # Kept: psycopg's fileno() raises once the connection is lost, and the loop still has
         # to unregister the descriptor then.

@@ -93,3 +93,29 @@ def test_a_driver_connection_closed_under_the_pool_is_store_unavailable(tmp_path
     with pytest.raises(StoreUnavailable):
         store.claim(pool="p", kinds=["k"], n=1, node="n", lease=60.0)
     assert len(store.claim(pool="p", kinds=["k"], n=1, node="n", lease=60.0)) == 1
+
+
+@pytest.mark.postgres
+def test_the_supervisors_connections_bound_every_statement_and_lock_wait(tmp_path: Path) -> None:
+    """The store process opens the store ``bounded``: a statement past its time limit, or a
+    lock waited for past its limit, fails as StoreUnavailable (retried with backoff) instead
+    of holding every call queued behind it. Clients keep PostgreSQL's defaults."""
+    with database_url("postgres", tmp_path) as url:
+        bounded = open_store(url, bounded=True)
+        plain = open_store(url)
+        try:
+            with bounded.engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "30s"
+                assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "10s"
+                params = conn.connection.dbapi_connection.info.get_parameters()
+                assert params["tcp_user_timeout"] == "30000" and params["keepalives"] == "1"
+            with plain.engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "0"
+            # what a timeout becomes: the driver's QueryCanceled is StoreUnavailable
+            with pytest.raises(StoreUnavailable, match="statement timeout"):
+                with bounded._auto() as conn:
+                    conn.exec_driver_sql("SET statement_timeout = '50ms'")
+                    conn.exec_driver_sql("SELECT pg_sleep(1)")
+        finally:
+            bounded.close()
+            plain.close()
