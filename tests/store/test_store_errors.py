@@ -112,10 +112,12 @@ def test_the_supervisors_connections_bound_every_statement_and_lock_wait(tmp_pat
             with plain.engine.connect() as conn:
                 assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "0"
             # what a timeout becomes: the driver's QueryCanceled is StoreUnavailable
-            with pytest.raises(StoreUnavailable, match="statement timeout"):
-                with bounded._auto() as conn:
-                    conn.exec_driver_sql("SET statement_timeout = '50ms'")
-                    conn.exec_driver_sql("SELECT pg_sleep(1)")
+            with (
+                pytest.raises(StoreUnavailable, match="statement timeout"),
+                bounded._auto() as conn,
+            ):
+                conn.exec_driver_sql("SET statement_timeout = '50ms'")
+                conn.exec_driver_sql("SELECT pg_sleep(1)")
         finally:
             bounded.close()
             plain.close()
