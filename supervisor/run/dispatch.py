@@ -73,8 +73,10 @@ class Dispatcher:
         clock: Clock,
         counters: Counters,
         rng: random.Random | None = None,
+        chores: Any = None,
     ) -> None:
         self.link = link
+        self.chores = chores or link  # the reaper and prune: never ahead of an extend
         self.pools = pools
         self.node_id = node_id
         self.clock = clock
@@ -92,6 +94,7 @@ class Dispatcher:
         for name in pools:
             self.retries_due[name] = []
         self.claiming: set[str] = set()  # pools with a claim in flight
+        self.woken: set[str] = set()  # pools woken while their claim was in flight
         self.extending: set[str] = set()  # pools with an extend in flight
         self.reaping = self.pruning = False
         self.draining = False  # nothing more is handed out; late claims go back at once
@@ -117,9 +120,12 @@ class Dispatcher:
     # ---- claim and hand out ------------------------------------------------------------
 
     def wake(self, pool: Pool) -> None:
-        """New jobs were announced for ``pool``: poll it on this pass."""
+        """New jobs were announced for ``pool``: poll it on this pass (or, with a claim in
+        flight, right after its reply: that claim may have missed them)."""
         pool.empty_claims = 0
         pool.next_poll_at = 0.0
+        if pool.name in self.claiming:
+            self.woken.add(pool.name)
 
     def claim(self, pool: Pool, now: float) -> None:
         """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
@@ -141,6 +147,8 @@ class Dispatcher:
                 capacity += free + held
                 room += free
                 empty = empty or (free > 0 and not held)
+        if not any(w.state != WorkerState.STOPPING for w in pool.workers.values()):
+            return  # no worker could run what is claimed (none yet, or all stopping)
         ahead = pool.config.prefetch + (capacity if depth > 1 else 0)
         want = room + ahead - len(self.buffer[pool.name])
         if want <= 0 or not (depth == 1 or empty or 2 * want >= capacity):
@@ -187,6 +195,9 @@ class Dispatcher:
         due = self.retries_due[pool.name]
         if due:
             pool.next_poll_at = min(pool.next_poll_at, due[0])
+        if pool.name in self.woken:  # new jobs were announced while it was in flight
+            self.woken.discard(pool.name)
+            pool.next_poll_at = 0.0
         if got and not self.draining:
             self.assign(pool, now)  # at once: the reply came between two passes
 
@@ -526,7 +537,7 @@ class Dispatcher:
             return
         self.reaping = True
         self.next_reap = now + interval
-        self.link.submit("reap_described", EXPIRED_READ, on_reply=self._reaped)
+        self.chores.submit("reap_described", EXPIRED_READ, on_reply=self._reaped)
 
     def _reaped(self, reply: Reply) -> None:
         self.reaping = False
@@ -569,7 +580,7 @@ class Dispatcher:
             return
         self.pruning = True
         self.next_prune = now + PRUNE_EVERY
-        self.link.submit("prune", older_than=retention, on_reply=self._pruned)
+        self.chores.submit("prune", older_than=retention, on_reply=self._pruned)
 
     def _pruned(self, reply: Reply) -> None:
         self.pruning = False

@@ -71,10 +71,17 @@ class Fleet:
     ) -> None:
         self.config = config
         self.store = store  # at boot only (migrated, node registered); then every call
-        # goes through the link: its own process, so the loop never waits for the database
+        # goes through a link to a process of the supervisor's own, so the loop never waits
+        # for the database: ``link`` for the jobs (claims, extends, results; LISTEN), and
+        # ``chores`` for what may take long (the reaper and its VACUUM, prune, the figures,
+        # the node row), so an extend never queues behind a slow chore
         self.link = link or ProcessLink(
             config.database, title=config.name, listen=store.dialect != "sqlite"
         )
+        self.chores = link or ProcessLink(
+            config.database, title=f"{config.name} chores", listen=False
+        )
+        self.processes = [p for p in (self.link, self.chores) if isinstance(p, ProcessLink)]
         self.clock = clock or SystemClock()
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.pid = os.getpid()
@@ -83,7 +90,9 @@ class Fleet:
             for name, pool_config in config.pools.items()
         }
         self.counters = Counters()
-        self.dispatcher = Dispatcher(self.link, self.pools, self.node_id, self.clock, self.counters)
+        self.dispatcher = Dispatcher(
+            self.link, self.pools, self.node_id, self.clock, self.counters, chores=self.chores
+        )
         self.drain = Drain(config.grace_period)
         self.memcg = MemoryCgroups(enabled=config.memory_cgroup, pid=self.pid)
         self.loop: Loop | None = None
@@ -93,7 +102,7 @@ class Fleet:
         self.next_watchdog = 0.0
         self.reap_interval = min(10.0, max(0.5, min(p.lease for p in config.pools.values()) / 4))
         self.scaler = Scaler(
-            self.link,
+            self.chores,
             self.pools,
             cores=host.usable_cores(),
             memory_budget=config.memory_budget.bytes_of(host.total_memory()),
@@ -125,7 +134,7 @@ class Fleet:
             while self.drain.phase != DrainPhase.STOPPED:
                 self.loop.wait(self.next_timeout())
                 now = self.clock.monotonic()
-                self.link.tick(now, self.child_cleanup)
+                self.tick_links(now)
                 self.handle_signals(now)
                 self.reap_children(now)
                 self.run_watchdog(now)
@@ -156,11 +165,12 @@ class Fleet:
             self.metrics.attach(self.loop)
         if self.store.dialect == "sqlite":  # a local socket; PostgreSQL's LISTEN is the link's
             self.connect_waker(self.clock.monotonic())
-        if isinstance(self.link, ProcessLink):
+        if self.processes:
             self.store.close()  # no connection of the parent's may be shared with a fork
         self.link.on_wake = self.on_wake_pools
-        self.link.attach(self.loop.watch, self.loop.unwatch)
-        self.link.start(self.child_cleanup)
+        for process in self.processes:
+            process.attach(self.loop.watch, self.loop.unwatch)
+            process.start(self.child_cleanup)
         self.set_title()
         log.info(
             "fleetd supervisor %s started: %d pools, database %s",
@@ -203,19 +213,22 @@ class Fleet:
     def next_timeout(self) -> float:
         """Seconds until the earliest timer: watchdog, polls, heartbeats, spawns, drain."""
         now = self.clock.monotonic()
+        d = self.dispatcher
+        # a timer that only a reply moves (a claim, an extend, a write in flight) is left
+        # out: the reply wakes the selector, and counting it would spin the loop meanwhile
         due = [
             self.next_publish,
             self.scaler.next_eval,
-            self.dispatcher.next_reap,
-            *self.dispatcher.next_heartbeat.values(),
+            d.next_reap,
+            *(t for name, t in d.next_heartbeat.items() if name not in d.extending),
         ]
-        if self.dispatcher.pending_writes:
-            due.append(max(self.dispatcher.acks_due, self.dispatcher.store_retry_at))
+        if d.outbox.todo and d.outbox.writing is None:
+            due.append(max(d.acks_due, d.store_retry_at))
         for pool in self.pools.values():
             if pool.busy():
                 due.append(self.next_watchdog)
-            if pool.idle() and not self.drain.active:
-                due.append(max(pool.next_poll_at, self.dispatcher.store_retry_at))
+            if pool.idle() and not self.drain.active and pool.name not in d.claiming:
+                due.append(max(pool.next_poll_at, d.store_retry_at))
             if pool.live() < pool.target:
                 due.append(pool.next_spawn_at)
         if self.drain.phase == DrainPhase.FINISHING:
@@ -251,23 +264,35 @@ class Fleet:
     def link_timers(self, now: float) -> list[float]:
         """When the link needs the loop: a store process to fork again, frames the kernel
         did not take yet, the bound on an unanswered call."""
-        if not isinstance(self.link, ProcessLink):
-            return []
-        if self.link.pid is None:
-            return [self.link.respawn_at]
-        since = self.link.waiting_since()
-        due = [] if since is None else [since + CALL_LIMIT]
-        if self.link.outbox:
-            due.append(now + 0.01)
+        due: list[float] = []
+        for process in self.processes:
+            if process.pid is None:
+                due.append(process.respawn_at)
+                continue
+            since = process.waiting_since()
+            if since is not None:
+                due.append(since + CALL_LIMIT)
+            if process.outbox:
+                due.append(now + 0.01)
         return due
+
+    def tick_links(self, now: float) -> None:
+        for process in self.processes:
+            process.tick(now, self.child_cleanup)
+
+    def store_waiting_since(self) -> float | None:
+        """When the oldest call still unanswered by a store process was sent."""
+        times = [t for p in (self.link, self.chores) if (t := p.waiting_since()) is not None]
+        return min(times, default=None)
 
     def child_cleanup(self) -> None:
         """In a new worker or store process: close the parent's loop, sockets and wake-up
         channel."""
         if self.loop is not None:
             self.loop.reset_in_child()
-        if isinstance(self.link, ProcessLink) and self.link.sock is not None:
-            self.link.sock.close()
+        for process in self.processes:
+            if process.sock is not None:
+                process.sock.close()
         for pool in self.pools.values():
             for other in pool.workers.values():
                 other.sock.close()
@@ -310,8 +335,9 @@ class Fleet:
                 return
             if pid == 0:
                 return
-            if isinstance(self.link, ProcessLink) and pid == self.link.pid:
-                self.link.exited(status, now)
+            process = next((p for p in self.processes if p.pid == pid), None)
+            if process is not None:
+                process.exited(status, now)
                 continue
             for pool in self.pools.values():
                 worker = pool.workers.get(pid)
@@ -359,6 +385,7 @@ class Fleet:
     # ---- draining and stopping ---------------------------------------------------------
 
     def begin_drain(self, now: float) -> None:
+        self.scaler.frozen = True  # an evaluation answered later must not raise a target
         self.dispatcher.release_unstarted()
         for pool in self.pools.values():
             pool.target = 0
@@ -375,7 +402,8 @@ class Fleet:
                 worker.kill(KillReason(KillKind.DRAIN, "idle worker stopped by the drain"), now)
         busy = [w for w in workers if w.job is not None]
         before = self.drain.phase
-        phase = self.drain.tick(now, len(busy), len(workers), self.dispatcher.pending_writes)
+        pending = self.dispatcher.pending_writes + len(self.dispatcher.claiming)
+        phase = self.drain.tick(now, len(busy), len(workers), pending)
         if phase == DrainPhase.KILLING:
             for worker in workers:
                 if worker.kill_reason is None:
@@ -394,6 +422,7 @@ class Fleet:
         is finished and release every other lease held (attempts given back), retrying for
         ``WRITE_PATIENCE``. What still cannot be written expires into a reaper."""
         d = self.dispatcher
+        d.draining = True  # a claim answered from here on is released at once
         workers = [w for p in self.pools.values() for w in p.workers.values()]
         for worker in workers:
             worker.kill(
@@ -407,9 +436,10 @@ class Fleet:
             d.outbox.release(lease)
         d.forget_held()
         give_up = self.clock.monotonic() + WRITE_PATIENCE
-        while d.pending_writes and self.clock.monotonic() < give_up:
+        while (d.pending_writes or d.claiming) and self.clock.monotonic() < give_up:
             try:
-                self.link.tick(self.clock.monotonic(), self.child_cleanup)
+                self.reap_links()
+                self.tick_links(self.clock.monotonic())
                 d.flush(self.clock.monotonic(), force=True)
                 self.link.wait_idle(max(0.0, give_up - self.clock.monotonic()))
             except Exception:
@@ -425,6 +455,16 @@ class Fleet:
             )
         self.shutdown()
 
+    def reap_links(self) -> None:
+        """Reap store processes that exited (outside the loop, which reaps every child)."""
+        for process in self.processes:
+            if process.pid is None:
+                continue
+            with contextlib.suppress(ChildProcessError):
+                done, status = os.waitpid(process.pid, os.WNOHANG)
+                if done:
+                    process.exited(status, self.clock.monotonic())
+
     def shutdown(self) -> None:
         """Mark the node row stopped (unless the store sits on a call: the row then goes stale
         and views call the node gone), end the store process, close what the loop holds."""
@@ -433,15 +473,20 @@ class Fleet:
             if reply.error is not None:
                 log.warning("could not mark node stopped: %s", reply.error)
 
-        if self.link.pending():
+        self.reap_links()
+        chores = self.chores
+        if isinstance(chores, ProcessLink) and chores.pid is None:
+            chores.start(self.child_cleanup)  # it died: one more, for the node's last row
+        if chores.pending():
             log.warning("node row not marked stopped: the store is not answering")
         else:
-            self.link.submit(
+            chores.submit(
                 "node_heartbeat", self.node_id, state="stopped", snapshot=None, on_reply=marked
             )
-            if not self.link.wait_idle(1.0):
+            if not chores.wait_idle(1.0):
                 log.warning("node row not marked stopped: the store did not answer in 1s")
-        self.link.close(0.5)
+        for process in self.processes:
+            process.close(0.5)
         if self.waker is not None:
             self.waker.close()
         if self.metrics is not None:
@@ -487,6 +532,8 @@ class Fleet:
                 self.dispatcher.wake(self.pools[name])
 
     def publish(self, now: float) -> None:
+        if self.waker is None and self.store.dialect == "sqlite" and now >= self.next_waker_at:
+            self.connect_waker(now)
         self.pinger.tick(self.pools.values(), now)
         if self.metrics is not None:
             self.metrics.expire(now)
@@ -494,12 +541,12 @@ class Fleet:
             return
         self.next_publish = now + PUBLISH_EVERY
         if now >= self.dispatcher.store_retry_at:  # not while backing off from a failure
-            self.observer.request(self.link, now)
+            self.observer.request(self.chores, now)
         if self.heartbeat_in_flight:
             return  # the last one is not answered yet (a stalled store): the next will say it
         self.heartbeat_in_flight = True
         state = "draining" if self.drain.active else "running"
-        self.link.submit(
+        self.chores.submit(
             "node_heartbeat",
             self.node_id,
             state=state,
@@ -521,7 +568,7 @@ class Fleet:
             draining=self.drain.active,
             dispatcher=self.dispatcher,
             pinger=self.pinger,
-            store_waiting_since=self.link.waiting_since(),
+            store_waiting_since=self.store_waiting_since(),
             scaling=self.scaler.scaling,
         ).to_json()
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, FailOutcome, Failure, Lease
 from supervisor.observe.logs import job_event
 from supervisor.run.counters import Counters
@@ -81,8 +82,6 @@ class Outbox:
         self.writing: Results | None = None  # the batch in flight
         self.acks_due = 0.0  # when the oldest unwritten ack must be written (monotonic)
         self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
-        # pools whose jobs finished since the last write: a capped pool claims again at once
-        self.freed: set[str] = set()
         self.retries_due: dict[str, list[float]] = {}  # pool -> heap of monotonic instants
         self.on_freed = lambda pool: None  # set by the dispatcher: wake a capped pool
 
@@ -92,12 +91,10 @@ class Outbox:
         if not self.todo.acks:
             self.acks_due = now + ACK_WAIT
         self.todo.acks.append((pool, ack))
-        self.freed.add(pool)
 
     def fail(self, pool: str, failure: Failure, claimed: Claimed) -> None:
         self.todo.fails.append((pool, failure))
         self.failed[failure.lease.job_id] = claimed  # for the dead-letter line, if it dies
-        self.freed.add(pool)
 
     def release(self, lease: Lease) -> None:
         self.todo.releases.append(lease)
@@ -120,7 +117,7 @@ class Outbox:
             or todo.releases
             or len(todo.acks) >= ACK_BATCH
             or now >= self.acks_due
-            or self.freed & self.capped
+            or _pools(todo) & self.capped
             or not running
         ):
             return
@@ -131,8 +128,12 @@ class Outbox:
         batch, self.writing = self.writing, None
         assert batch is not None
         now = self.monotonic()
-        if reply.error is not None:  # the call itself failed: all of it goes again
-            self.todo.extend_front(batch)
+        if reply.error is not None:  # the call itself failed
+            self.todo.extend_front(batch)  # kept for the emergency stop, or the retry
+            if not isinstance(reply.error, StoreUnavailable):
+                # not the database being away: a bug. The loop's error policy stops the
+                # supervisor and releases every lease; retrying would loop on it forever
+                raise reply.error
             self.health.failed(now, "write results", reply.error)
             return
         out: Written = reply.value
@@ -158,9 +159,8 @@ class Outbox:
             self.health.failed(now, "write results", out.error)
             return
         self.health.ok()
-        for name in self.freed & self.capped:
+        for name in _pools(batch) & self.capped:  # their written results freed room
             self.on_freed(name)
-        self.freed.clear()
 
     def _refused(
         self, pool: str, lease: Lease, kind: ErrorKind, why: str, was: Ack | Failure
@@ -204,6 +204,11 @@ class Outbox:
                 "retry budget exhausted: %d failed job(s) deferred instead of retried at once",
                 len(deferred),
             )
+
+
+def _pools(results: Results) -> set[str]:
+    """The pools with a result in ``results`` (a capped pool's written result frees room)."""
+    return {p for p, _ in results.acks} | {p for p, _ in results.fails}
 
 
 def _ack_refused(why: str) -> str:

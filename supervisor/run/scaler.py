@@ -75,6 +75,7 @@ class Scaler:
         self.link = link  # to the store process (supervisor/run/storelink.py)
         self.pools = pools
         self.reading = False
+        self.frozen = False  # a drain began: no more decisions, even from a late reply
         self.cores = cores
         self.memory_budget = memory_budget
         self.interval = interval
@@ -100,6 +101,8 @@ class Scaler:
 
     def _evaluate(self, reply: Any, now: float) -> None:
         self.reading = False
+        if self.frozen:
+            return
         if reply.error is not None:
             log.debug("scaling skipped: %s", reply.error)
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.errors import StoreRejected, StoreUnavailable
+from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import Ack, FailOutcome, Failure, Job, Lease, ReapOutcome
 
 # verbs a link may call by name, as they are
@@ -47,8 +47,9 @@ class Results:
 
 @dataclass(slots=True)
 class Written:
-    """What ``write_results`` did. A write the database refused is narrowed to its row: the
-    batch is written again one row at a time, the refused rows are returned with the reason,
+    """What ``write_results`` did. A write the database refused (StoreRejected, or any other
+    StoreError but StoreUnavailable) is narrowed to its row: the batch is written again one
+    row at a time, the refused rows are returned with the reason,
     every other row is written. ``unwritten`` is what was left when the store became
     unavailable (``error``): the caller writes it again later."""
 
@@ -81,13 +82,17 @@ def _acks(store: Any, acks: list[tuple[str, Ack]], out: Written) -> None:
         out.lost_acks += store.ack([a for _, a in acks])
         acks.clear()
         return
-    except StoreRejected:
+    except StoreUnavailable:
+        raise
+    except StoreError:  # refused (or a driver error): narrowed to its row below
         pass
     while acks:
         pool, ack = acks[0]
         try:
             out.lost_acks += store.ack([ack])
-        except StoreRejected as exc:
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
             out.refused_acks.append((pool, ack, str(exc)))
         acks.pop(0)
 
@@ -99,13 +104,17 @@ def _fails(store: Any, fails: list[tuple[str, Failure]], out: Written) -> None:
         out.failed.append((list(fails), store.fail([f for _, f in fails])))
         fails.clear()
         return
-    except StoreRejected:
+    except StoreUnavailable:
+        raise
+    except StoreError:  # refused (or a driver error): narrowed to its row below
         pass
     while fails:
         one = fails[0]
         try:
             out.failed.append(([one], store.fail([one[1]])))
-        except StoreRejected as exc:
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
             out.refused_fails.append((one[0], one[1], str(exc)))
         fails.pop(0)
 
@@ -117,12 +126,16 @@ def _releases(store: Any, releases: list[Lease], out: Written) -> None:
         out.released += store.release(releases)
         releases.clear()
         return
-    except StoreRejected:
+    except StoreUnavailable:
+        raise
+    except StoreError:  # refused (or a driver error): narrowed to its row below
         pass
     while releases:
         try:
             out.released += store.release(releases[:1])
-        except StoreRejected as exc:  # a lease holds nothing of the job's: not expected
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:  # a lease holds nothing of the job's: not expected
             out.refused_releases.append((releases[0], str(exc)))
         releases.pop(0)
 

@@ -131,6 +131,7 @@ class ProcessLink:
         self.next_id = 0
         self.respawn_at = 0.0
         self.deaths = 0  # in a row, for the backoff
+        self.killed = False  # SIGKILL sent for a call past CALL_LIMIT, not reaped yet
         self.watch: Callable[[int, Callable[[], None]], None] | None = None
         self.unwatch: Callable[[int], None] | None = None
 
@@ -176,13 +177,18 @@ class ProcessLink:
         return self.sock.fileno() if self.sock is not None else None
 
     def exited(self, status: int, now: float) -> None:
-        """The store process was reaped: every call it held failed; fork another soon."""
+        """The store process was reaped: the replies it wrote before it died are handled,
+        every other call it held failed; another is forked after a backoff."""
+        if self.sock is not None:
+            self.on_readable()  # replies already in the socket are replies, not losses
         self._disconnect()
         self.pid = None
+        self.killed = False
         self.deaths += 1
         low, high = RESPAWN_BACKOFF
-        self.respawn_at = now + min(high, low * 2 ** (self.deaths - 1))
-        log.error("store process exited (status %d); a new one in %.1fs", status, low)
+        wait = min(high, low * 2 ** (self.deaths - 1))
+        self.respawn_at = now + wait
+        log.error("store process exited (status %d); a new one in %.1fs", status, wait)
         self._fail_all(StoreUnavailable("the store process exited"))
 
     def tick(self, now: float, child_cleanup: Callable[[], None] | None = None) -> None:
@@ -195,8 +201,9 @@ class ProcessLink:
         if self.outbox:
             self._send()
         since = self.waiting_since()
-        if since is not None and now - since > CALL_LIMIT:
+        if since is not None and now - since > CALL_LIMIT and not self.killed:
             log.error("store call unanswered for %.0fs: replacing the store process", now - since)
+            self.killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
@@ -245,6 +252,7 @@ class ProcessLink:
         """Block until every call is answered or ``timeout`` passes (only when nothing else
         needs the loop: an emergency stop, the node's last row at shutdown)."""
         deadline = time.monotonic() + timeout
+        self._handle_inbox()  # replies read before a callback raised
         while self.calls and self.sock is not None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -269,16 +277,22 @@ class ProcessLink:
             pass
         except OSError:
             self._disconnect()
-        for message in _frames(self.inbox):
+        self._handle_inbox()
+        if self.sock is None:
+            self._fail_all(StoreUnavailable("the store process exited"))
+
+    def _handle_inbox(self) -> None:
+        # one frame at a time: if a callback raises (the loop's error policy takes over),
+        # the replies read with it stay in the inbox for the emergency stop
+        while (message := _next_frame(self.inbox)) is not None:
             req_id, payload = message
             if req_id == _WAKE:
                 self.on_wake(payload)
                 continue
             entry = self.calls.pop(req_id, None)
             if entry is not None:
+                self.deaths = 0
                 entry[2](payload)
-        if self.sock is None:
-            self._fail_all(StoreUnavailable("the store process exited"))
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -306,6 +320,18 @@ class ProcessLink:
         calls, self.calls = self.calls, {}
         for _, _, on_reply in calls.values():
             on_reply(Reply(None, error, 0.0))
+
+
+def _next_frame(buffer: bytearray) -> Any | None:
+    """The first complete frame in ``buffer``, unpickled and removed; None if there is none."""
+    if len(buffer) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack_from(buffer, 0)
+    if len(buffer) - _HEADER.size < size:
+        return None
+    message = pickle.loads(buffer[_HEADER.size : _HEADER.size + size])
+    del buffer[: _HEADER.size + size]
+    return message
 
 
 def _frames(buffer: bytearray) -> list[Any]:

@@ -1,0 +1,289 @@
+"""Races between the loop and replies of its store process, driven by hand.
+
+``DeferLink`` holds every call until the test answers it (in order), as a slow store process
+would; ``ProcessLink`` tests use a real store process on a SQLite file. Each test lost a job,
+spun the loop or swallowed an error before it was fixed."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.config import load_config
+from supervisor.errors import StoreError
+from supervisor.imports import import_handlers
+from supervisor.model import JobState, Lease, NewJob
+from supervisor.run.drain import DrainPhase
+from supervisor.run.fleet import Fleet
+from supervisor.run.storecalls import Results
+from supervisor.run.storelink import ProcessLink, execute
+from supervisor.store import open_store
+from tests.integration.fleet import handlers, write_config
+from tests.support import infleet
+
+pytestmark = pytest.mark.slow
+
+
+class DeferLink:
+    """A link whose calls wait until the test answers them, in order."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls: list[tuple[str, tuple, dict, Any]] = []
+        self.on_wake = lambda pools: None
+
+    def submit(self, call: str, *args: Any, on_reply: Any, **kwargs: Any) -> None:
+        self.calls.append((call, args, kwargs, on_reply))
+
+    def answer(self) -> None:
+        while self.calls:
+            call, args, kwargs, on_reply = self.calls.pop(0)
+            on_reply(execute(self.store, call, args, kwargs, time.monotonic))
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    def waiting_since(self) -> float | None:
+        return None
+
+    def pending(self) -> int:
+        return len(self.calls)
+
+    def attach(self, watch: Any, unwatch: Any) -> None:
+        pass
+
+    def start(self, child_cleanup: Any) -> None:
+        pass
+
+    def tick(self, now: float, child_cleanup: Any = None) -> None:
+        pass
+
+    def wait_idle(self, timeout: float) -> bool:  # as ProcessLink: every reply that comes
+        self.answer()
+        return True
+
+    def close(self, timeout: float) -> None:
+        pass
+
+
+@pytest.fixture
+def made(tmp_path: Path):
+    fleets: list[Fleet] = []
+
+    def make(**pool: Any) -> tuple[Fleet, Any, DeferLink]:
+        base = {"min_workers": 1, "max_workers": 1, "lease": "30s"}
+        keys = base | {"handlers": handlers("noop", "sleep")} | pool
+        config = load_config(write_config(tmp_path, f"sqlite:///{tmp_path}/q.db", {"p": keys}))
+        store = open_store(config.database)
+        link = DeferLink(open_store(config.database))
+        fleet = Fleet(config, store, import_handlers(config), node_id="hand", link=link)
+        fleet.loop = infleet.HandLoop()  # type: ignore[assignment]
+        fleets.append(fleet)
+        return fleet, store, link
+
+    yield make
+    for fleet in fleets:
+        infleet.stop_all(fleet)
+
+
+def job(kind: str = "noop", **payload: Any) -> NewJob:
+    return NewJob(kind, "p", json.dumps(payload), 1)
+
+
+def quiet(fleet: Fleet, now: float) -> None:
+    """Every timer of the loop far away."""
+    fleet.next_publish = fleet.scaler.next_eval = fleet.dispatcher.next_reap = now + 100
+    fleet.next_watchdog = fleet.next_waker_at = now + 100
+    for pool in fleet.pools.values():
+        pool.next_poll_at = now + 100
+        fleet.dispatcher.next_heartbeat[pool.name] = now + 100
+
+
+def test_the_loop_sleeps_while_a_claim_is_answered(made) -> None:
+    fleet, _store, link = made()
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    now = fleet.clock.monotonic()
+    fleet.dispatcher.claim(pool, now)
+    assert link.names() == ["claim"]
+    quiet(fleet, now)
+    pool.next_poll_at = now - 1  # its poll was due: that is why it claimed
+    assert fleet.next_timeout() > 1.0  # the reply wakes the selector; no spinning meanwhile
+
+
+def test_the_loop_sleeps_while_an_extend_is_answered(made) -> None:
+    fleet, store, link = made()
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job("sleep", seconds=5)])
+    now = fleet.clock.monotonic()
+    fleet.dispatcher.claim(pool, now)
+    link.answer()
+    fleet.dispatcher.heartbeat(pool, now)
+    assert link.names() == ["extend"]
+    quiet(fleet, now)
+    fleet.dispatcher.next_heartbeat["p"] = now - 1
+    assert fleet.next_timeout() > 1.0
+
+
+def test_the_loop_sleeps_while_results_are_written(made) -> None:
+    fleet, store, link = made()
+    pool, worker = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job()])
+    now = fleet.clock.monotonic()
+    fleet.dispatcher.claim(pool, now)
+    link.answer()
+    assert select.select([worker.fd], [], [], 5)[0]
+    fleet.read_worker(worker)  # JobDone: an ack in the outbox
+    fleet.dispatcher.flush(fleet.clock.monotonic(), force=True)
+    assert link.names() == ["write_results"]
+    quiet(fleet, now)
+    assert fleet.next_timeout() > 1.0
+
+
+def test_a_claim_answered_after_the_drain_began_is_released_before_the_exit(made) -> None:
+    fleet, store, link = made()
+    pool, worker = infleet.one_worker(fleet, short_jobs=False)
+    (jid,) = store.enqueue_many([job()])
+    now = fleet.clock.monotonic()
+    fleet.dispatcher.claim(pool, now)  # in flight: the store is slow
+    fleet.drain.on_signal(now)  # SIGTERM
+    fleet.begin_drain(now)
+    fleet.advance_drain(now)  # the idle worker is stopped
+    infleet.wait_exited(worker.pid)
+    fleet.reap_children(fleet.clock.monotonic())
+    fleet.dispatch(fleet.clock.monotonic())
+    fleet.advance_drain(fleet.clock.monotonic())
+    assert fleet.drain.phase != DrainPhase.STOPPED  # the claim's reply is still to come
+    link.answer()  # it comes: what it took goes back
+    for _ in range(3):
+        fleet.dispatch(fleet.clock.monotonic())
+        link.answer()
+        fleet.advance_drain(fleet.clock.monotonic())
+    assert fleet.drain.phase == DrainPhase.STOPPED
+    found = store.get(jid)
+    assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
+
+
+def test_a_scaler_reply_after_the_drain_began_raises_no_target(made) -> None:
+    fleet, store, link = made()
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job("sleep", seconds=5)])
+    now = fleet.clock.monotonic()
+    fleet.scaler.tick(now, draining=False)
+    assert "scaler_read" in link.names()
+    fleet.drain.on_signal(now)
+    fleet.begin_drain(now)
+    link.answer()
+    assert pool.target == 0
+
+
+def test_the_emergency_stop_releases_a_claim_answered_during_it(made) -> None:
+    fleet, store, _link = made()
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    (jid,) = store.enqueue_many([job()])
+    fleet.dispatcher.claim(pool, fleet.clock.monotonic())  # in flight when the loop fails
+    fleet.stop_after_error()
+    found = store.get(jid)
+    assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
+
+
+def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, monkeypatch) -> None:
+    """A bug in the store (not the database being away) is not retried forever: the reply's
+    error is raised in the loop, whose error policy stops the supervisor."""
+    fleet, _store, link = made()
+    d = fleet.dispatcher
+    d.outbox.release(Lease(1, "x"))
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the store")
+
+    monkeypatch.setattr("supervisor.run.storecalls.write_results", broken)
+    monkeypatch.setitem(
+        __import__("supervisor.run.storecalls").run.storecalls.PROCEDURES,
+        "write_results",
+        broken,
+    )
+    d.flush(fleet.clock.monotonic(), force=True)
+    with pytest.raises(StoreError, match="a bug in the store"):
+        link.answer()
+    assert d.pending_writes == 1  # kept for the emergency stop
+
+
+# ---- a real store process -------------------------------------------------------------------
+
+
+@pytest.fixture
+def db(tmp_path: Path):
+    url = f"sqlite:///{tmp_path}/q.db"
+    store = open_store(url)
+    yield url, store
+    store.close()
+
+
+def started(url: str) -> ProcessLink:
+    link = ProcessLink(url, title="t", listen=False)
+    link.start(lambda: None)
+    return link
+
+
+def replies_in(link: ProcessLink, n: int) -> None:
+    """Until ``n`` reply frames are in the socket, unread."""
+    assert link.sock is not None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert select.select([link.sock], [], [], 5)[0]
+        waiting = len(link.sock.recv(1 << 20, __import__("socket").MSG_PEEK))
+        if waiting and _frames_in(link, waiting) >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError("replies did not come")
+
+
+def _frames_in(link: ProcessLink, size: int) -> int:
+    assert link.sock is not None
+    data = link.sock.recv(size, __import__("socket").MSG_PEEK)
+    count = at = 0
+    while at + 4 <= len(data):
+        at += 4 + int.from_bytes(data[at : at + 4], "big")
+        count += at <= len(data)
+    return count
+
+
+def test_a_raising_callback_keeps_the_replies_read_with_it(db) -> None:
+    url, _ = db
+    link = started(url)
+    got: list[Any] = []
+
+    def boom(reply: Any) -> None:
+        raise RuntimeError("a bug in a reply callback")
+
+    link.submit("prune", older_than=3600.0, on_reply=boom)
+    link.submit("write_results", Results(), on_reply=got.append)
+    replies_in(link, 2)
+    with pytest.raises(RuntimeError):
+        link.on_readable()
+    assert link.wait_idle(2.0)  # the second reply was kept and is handled now
+    assert len(got) == 1 and got[0].error is None
+    link.close(1.0)
+
+
+def test_a_reply_in_the_socket_when_the_store_process_dies_is_handled(db) -> None:
+    url, store = db
+    (jid,) = store.enqueue_many([job()])
+    link = started(url)
+    replies: list[Any] = []
+    link.submit(
+        "claim", pool="p", kinds=["noop"], n=1, node="n1", lease=30.0, on_reply=replies.append
+    )
+    replies_in(link, 1)  # answered, unread
+    assert link.pid is not None
+    os.kill(link.pid, signal.SIGKILL)  # then the store process dies
+    _, status = os.waitpid(link.pid, 0)  # and its exit is reaped before the socket is read
+    link.exited(status, time.monotonic())
+    assert replies and replies[0].error is None and [c.job_id for c in replies[0].value] == [jid]
