@@ -78,6 +78,7 @@ from stress.chaos_checks import (
     WorkerKill,
     check,
 )
+from stress.chaos_stall import Staller
 from supervisor.model import JobState
 
 T = TypeVar("T")
@@ -201,6 +202,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --allow-db-restart: server restarts (default max(2, duration/300); --short 1)",
     )
     parser.add_argument(
+        "--stalls",
+        type=int,
+        help="database stalls of 1-6 s, connections kept open (a proxy on PostgreSQL, a "
+        "process holding the write lock on SQLite; default duration/120, at least 2; --short 1)",
+    )
+    parser.add_argument(
         "--poison-share", type=float, help="share of poison jobs (default 0.015; --short 0.08)"
     )
     parser.add_argument("--bomb-user", default="nobody", help="the poison pool's user (root only)")
@@ -225,6 +232,7 @@ class Settings:
     drains: int
     joins: int
     db_restarts: int
+    stalls: int
     poison_share: float
     bomb_user: str | None
     database: str
@@ -253,6 +261,7 @@ class Settings:
                 if args.allow_db_restart
                 else 0
             ),
+            stalls=max(0, pick(args.stalls, 1, max(2, round(duration / 120)))),
             poison_share=args.poison_share or (0.08 if short else 0.015),
             bomb_user=bomb_user,
             database=args.database,
@@ -541,9 +550,11 @@ class Chaos:
         url: str,
         console: Console,
         cluster: chaos_db.Cluster | None = None,
+        staller: Staller | None = None,
     ) -> None:
         self.s = s
         self.cluster = cluster  # the PostgreSQL server the db_restart fault restarts
+        self.staller = staller  # stalls the database for the supervisors
         self.folder = folder
         self.url = url
         self.console = console
@@ -559,7 +570,8 @@ class Chaos:
             path.chmod(0o755)
         self.exec_log.touch()
         self.exec_log.chmod(0o666)
-        self.config = write_config(folder, url, s)
+        # supervisors reach the database the way a stall can hit them (through the proxy)
+        self.config = write_config(folder, staller.supervisor_url if staller else url, s)
         self.nodes: list[Node] = []
         self.slots: dict[int, Node | None] = {}
         self.generation: dict[int, int] = {}
@@ -578,6 +590,7 @@ class Chaos:
         self.most_running = 0
         self.skipped: Counter[str] = Counter()
         self.db_restarts: list[DbRestart] = []
+        self.stalls: list[DbRestart] = []
         self.t0 = 0.0
 
     # -- bookkeeping --
@@ -631,6 +644,7 @@ class Chaos:
             ("drain", self.s.drains),
             ("join", self.s.joins),
             ("db_restart", self.s.db_restarts if self.cluster else 0),
+            ("stall", self.s.stalls if self.staller else 0),
         ):
             self.pending += [Event(t, what) for t in times(n)]
         self.pending.sort()
@@ -644,6 +658,14 @@ class Chaos:
             return self.kill_worker()
         if ev.what == "db_restart":
             return self.restart_database(store)
+        if ev.what == "stall":
+            assert self.staller is not None
+            if self.staller.active:
+                return False  # one at a time
+            seconds = round(self.rng.uniform(1.0, 6.0), 2)
+            self.staller.begin(seconds)
+            self.note("stall", seconds=seconds)
+            return True
         if ev.what == "supervisor_kill":
             targets = [n for n in self.live("base") if n.up_for() > 2.0]
             # the worst moment: while a fork bomb runs, whose processes PDEATHSIG does not
@@ -704,7 +726,10 @@ class Chaos:
     def kill_worker(self) -> bool:
         nodes = [n for n in self.live() if n.up_for() > 1.0]
         candidates = [(n, w) for n in nodes for w in n.workers()]
-        busy = [(n, w) for n, w in candidates if w[2] is not None]
+        # never the same job twice: the harness alone could kill it to death (a normal job
+        # dead after max_deliveries of kills would be the harness's doing, not fleetd's)
+        killed = {k.job for k in self.kills}
+        busy = [(n, w) for n, w in candidates if w[2] is not None and w[2] not in killed]
         if not busy:
             return False
         # a pool first, then one of its busy workers: at any instant most busy workers run
@@ -734,7 +759,11 @@ class Chaos:
         return True
 
     def follow_up(self, store: Any) -> None:
-        """Drains that ended (checked, then replaced) and restarts that are due."""
+        """Drains that ended (checked, then replaced), restarts that are due, stalls over."""
+        stall = self.staller.poll() if self.staller else None
+        if stall is not None:
+            self.stalls.append(stall)
+            self.note("stall_end", took=round(stall.ready - stall.began, 2))
         for node in list(self.draining):
             if not node.reaped():
                 continue
@@ -786,6 +815,8 @@ class Chaos:
             try:
                 self.loop(store, client, items, config)
             finally:
+                if self.staller is not None and self.staller.active:
+                    self.stalls.append(self.staller.finish())  # the final drain needs it
                 if self.cluster is not None and not chaos_db.ensure_running(self.cluster):
                     self.note("db_down", version=self.cluster.version)
                 self.stop_all()
@@ -936,6 +967,8 @@ class Chaos:
             bomb_workers_max=POOLS["poison"][1]["max_workers"] * self.most_running,
             timed_out=self.timed_out,
             db_restarts=self.db_restarts,
+            stalls=self.stalls,
+            timeouts={p.name: p.timeout for p in config.pools.values()},
         )
         with open(self.folder / "nodes.json", "w") as f:
             json.dump([asdict(n) for n in ev.nodes], f, indent=1)
@@ -1042,6 +1075,7 @@ def _read_record(out: NodeLog, node: str, rec: dict[str, Any], name: str) -> Non
                 int(rec.get("attempt") or 0),
                 str(rec.get("error_kind")),
                 str(rec.get("msg", "")),
+                rec.get("duration"),
             )
         )
     elif event in ("job_lease_expired", "job_dead") and rec.get("error_kind") == "lease_expired":
@@ -1156,7 +1190,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if not s.bomb_user:
             console.print("chaos: not root: no fork bomb (a pool's user needs root)")
-        chaos = Chaos(s, folder, url, console, cluster)
+        staller = Staller(url) if s.stalls else None
+        chaos = Chaos(s, folder, url, console, cluster, staller)
         try:
             report = chaos.run()
         except KeyboardInterrupt:
@@ -1165,6 +1200,9 @@ def run(args: argparse.Namespace) -> int:
         except chaos_db.RestartFailed as exc:
             console.print(f"chaos: database restart failed: {exc}; run stopped; folder {folder}")
             return 1
+        finally:
+            if staller is not None:
+                staller.close()
     wall = time.time() - started
     report.figures = {
         "run": {

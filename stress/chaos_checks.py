@@ -48,6 +48,7 @@ from typing import Any
 
 from supervisor.model import Job, JobState
 
+DEADLINE_SLACK = 1.0  # s a timeout kill may come after the job's timeout (the supervisor's bound)
 KILL_WINDOW = 3.0  # s between a harness worker kill and the supervisor's failure line for it
 END_SLACK = 0.5  # s of clock slack when comparing a handler's end with a harness event
 NOT_BY_FLEETD = "not by fleetd"
@@ -130,6 +131,7 @@ class LoggedFailure:
     attempt: int
     error_kind: str
     message: str
+    duration: float | None = None  # how long the delivery ran, as the supervisor measured it
 
 
 @dataclass(slots=True)
@@ -154,6 +156,8 @@ class Evidence:
     bomb_workers_max: int = 0  # workers of the bomb user's pool, all supervisors together
     timed_out: bool = False
     db_restarts: list[DbRestart] = field(default_factory=list)
+    stalls: list[DbRestart] = field(default_factory=list)  # the database stalled, not down
+    timeouts: dict[str, float] = field(default_factory=dict)  # pool -> its job timeout
 
 
 @dataclass(slots=True)
@@ -188,6 +192,7 @@ def check(ev: Evidence) -> Report:
     _duplicates(ev, ctx, report)
     _drains(ev, ctx, report)
     _outages(ev, ctx, report)
+    _deadlines(ev, report)
     _silent(ev, ctx, report)
     _caps(ev, report)
     _processes(ev, report)
@@ -216,7 +221,7 @@ class _Context:
         self.matched_kills: set[int] = set()  # pids of harness kills a failure was matched to
         for f in ev.failures:
             self.harness_kill_for(f)
-        self.restarts = ev.db_restarts
+        self.restarts = [*ev.db_restarts, *ev.stalls]  # outages: the database away a while
         self.expired_at: dict[int, float] = {}  # job -> when a reaper last found it expired
         for e in ev.expired_leases:
             self.expired_at[e.job] = max(e.t, self.expired_at.get(e.job, e.t))
@@ -511,6 +516,7 @@ def _drains(ev: Evidence, ctx: _Context, report: Report) -> None:
     )
     report.add("faults", "joins and leaves (SIGTERM)", sum(n.how == "leave" for n in ev.nodes))
     report.add("faults", "database server restarts", len(ev.db_restarts))
+    report.add("faults", "database stalls", len(ev.stalls))
     report.add("faults", "supervisor processes started", len(ev.nodes))
     took = [n.exited - n.signalled for n in drains if n.exited and n.signalled]
     if took:
@@ -546,9 +552,38 @@ def _drains(ev: Evidence, ctx: _Context, report: Report) -> None:
         report.fail(problem)
 
 
+def _deadlines(ev: Evidence, report: Report) -> None:
+    """Every ``timeout`` failure was killed at its deadline: no later than the pool's timeout
+    plus one second after the delivery started, stalls of the database included (the kill
+    never waits for a store call)."""
+    late: list[tuple[int, float, float]] = []
+    during = 0
+    for f in ev.failures:
+        planned = ev.plan.get(f.job)
+        limit = ev.timeouts.get(planned.pool) if planned else None
+        if f.error_kind != "timeout" or f.duration is None or limit is None:
+            continue
+        end = f.t
+        if any(s.began <= end <= s.ready for s in ev.stalls):
+            during += 1
+        if f.duration > limit + DEADLINE_SLACK:
+            late.append((f.job, f.duration, limit))
+    report.add("deadlines", "timeout kills while the database stalled", during)
+    report.add("deadlines", "timeout kills later than timeout + 1 s", len(late))
+    for job, took, limit in late[:8]:
+        report.fail(f"job {job}: killed {took:.2f}s after its start, timeout {limit:g}s")
+
+
 def _outages(ev: Evidence, ctx: _Context, report: Report) -> None:
-    """How long each database restart took, how long the server refused connections, and
-    what the checks above let pass because it happened near a restart."""
+    """How long each database restart or stall took, how long the server refused
+    connections, and what the checks above let pass because it happened near one."""
+    if ev.stalls:
+        took = [s.ready - s.began for s in ev.stalls]
+        report.add(
+            "database",
+            "stalls (connections open, nothing answered), max / mean",
+            f"{len(ev.stalls)}: {_max_mean(took)}",
+        )
     if not ev.db_restarts:
         return
     took = [r.ready - r.began for r in ev.db_restarts]

@@ -273,3 +273,21 @@ def test_a_duplicate_is_explained_by_a_database_restart_only_when_it_ended_near_
     assert near.flat()["duplicates.explained by a database restart"] == 1
     far = check(evidence(executions=twice, db_restarts=[DbRestart(T0 + 30, T0 + 32.5)]))
     assert any("job 1 completed 2 times" in v for v in far.violations)
+
+
+def test_a_timeout_kill_later_than_timeout_plus_one_second_is_a_violation() -> None:
+    def hang_failures(*durations: float) -> list[LoggedFailure]:
+        return [
+            LoggedFailure(T0 + a, "s1-1", 2, a, "timeout", "ran past its timeout", d)
+            for a, d in enumerate(durations, start=1)
+        ]
+
+    stall = DbRestart(began=T0 + 1.5, ready=T0 + 2.5)  # the second kill ends in it
+    on_time = evidence(failures=hang_failures(2.1, 2.9, 2.0), timeouts={"poison": 2.0})
+    on_time.stalls = [stall]
+    report = check(on_time)
+    assert report.violations == []
+    assert report.flat()["deadlines.timeout kills while the database stalled"] == 1
+
+    late = check(evidence(failures=hang_failures(2.1, 3.4, 2.0), timeouts={"poison": 2.0}))
+    assert any("job 2: killed 3.40s after its start, timeout 2s" in v for v in late.violations)
