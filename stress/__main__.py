@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_bare",
         "the bare reference: a minimal claim/feed/ack loop that fleetd's figures are read against",
     ),
+    "bench-incr": (
+        "stress.bench_incr",
+        "one Redis INCR a job through fleetd start, beside the bare INCR loop",
+    ),
     "bench-caps": (
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",

@@ -36,6 +36,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -119,6 +120,30 @@ def _started(payload: Payload) -> None:
 @recorded
 def noop(payload: Payload) -> None:
     """Does nothing: measures fleetd's own overhead per job."""
+
+
+_redis: dict[tuple[str, int], Any] = {}  # one connection per worker process and server
+
+
+def redis_incr(payload: Payload) -> int:
+    """One network round trip: ``INCR`` of ``key`` (default ``fleetd:bench``) on the Redis
+    at ``host``:``port`` (default 127.0.0.1:6379), over a connection the worker keeps. Speaks
+    RESP itself (no client library); returns the new value."""
+    server = (str(payload.get("host", "127.0.0.1")), int(payload.get("port", 6379)))
+    conn = _redis.get(server)
+    if conn is None:
+        conn = _redis[server] = socket.create_connection(server).makefile("rwb")
+    return incr(conn, str(payload.get("key", "fleetd:bench")).encode())
+
+
+def incr(conn: Any, key: bytes) -> int:
+    """``INCR key`` on a RESP connection (a buffered socket file); the reply's integer."""
+    conn.write(b"*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n" % (len(key), key))
+    conn.flush()
+    line = conn.readline()
+    if not line.startswith(b":"):
+        raise RuntimeError(f"redis: {line.decode(errors='replace').strip()}")
+    return int(line[1:])
 
 
 @recorded

@@ -28,15 +28,15 @@ import math
 import random
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease, RetryBudget
-from supervisor.observe.logs import job_event
+from supervisor.plans import Room, claim_size
 from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import classify_exit
+from supervisor.run.leases import Buffered, LeaseKeeper
 from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
 from supervisor.run.storelink import Reply
@@ -46,22 +46,11 @@ from supervisor.units import format_duration
 from workers import exitcodes, protocol
 
 log = logging.getLogger("fleetd.dispatch")
-EXPIRED_READ = 100  # rows read per reaper pass to log (and count) expired leases one by one
 
-PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
 PIPELINE_BYTES = 64 * 1024  # frame bytes queued behind a worker's running job, at most
 # nothing more is queued behind a job running longer than this: it is not a short one. Well
 # above the pipeline's budget: on two cores a busy worker can go unscheduled for milliseconds
 QUEUE_BEHIND_AT_MOST = 0.05
-
-
-@dataclass(slots=True)
-class Buffered:
-    """A job claimed ahead of a free worker (prefetch)."""
-
-    claimed: Claimed
-    lease_expires: float
-    extensions: int = 0
 
 
 class Dispatcher:
@@ -73,10 +62,8 @@ class Dispatcher:
         clock: Clock,
         counters: Counters,
         rng: random.Random | None = None,
-        chores: Any = None,
     ) -> None:
         self.link = link
-        self.chores = chores or link  # the reaper and prune: never ahead of an extend
         self.pools = pools
         self.node_id = node_id
         self.clock = clock
@@ -87,7 +74,7 @@ class Dispatcher:
         self.outbox = Outbox(link, capped, counters, self.health, clock.monotonic)
         self.outbox.on_freed = lambda name: self.wake(self.pools[name])
         self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
-        self.next_heartbeat = {name: 0.0 for name in pools}
+        self.leases = LeaseKeeper(link, pools, self.buffer, clock, counters, self.health)
         # when jobs this node failed become claimable again (monotonic, a heap per pool): an
         # idle pool polls then, not at its adaptive poll's next slow tick
         self.retries_due = self.outbox.retries_due
@@ -95,11 +82,7 @@ class Dispatcher:
             self.retries_due[name] = []
         self.claiming: set[str] = set()  # pools with a claim in flight
         self.woken: set[str] = set()  # pools woken while their claim was in flight
-        self.extending: set[str] = set()  # pools with an extend in flight
-        self.reaping = self.pruning = False
         self.draining = False  # nothing more is handed out; late claims go back at once
-        self.next_reap = 0.0
-        self.next_prune = 0.0
 
     @property
     def store_retry_at(self) -> float:
@@ -135,23 +118,17 @@ class Dispatcher:
         one claim serves many jobs. One claim per pool is in flight at a time."""
         if pool.name in self.claiming:
             return
-        depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
-        capacity = room = 0
-        empty = False
-        for worker in pool.workers.values():
-            if _behind_long_job(worker, now):
-                continue  # nothing goes behind it: claim nothing for this worker
-            free = worker.room(depth, max_jobs)
-            held = worker.held()
-            if free > 0 or held:
-                capacity += free + held
-                room += free
-                empty = empty or (free > 0 and not held)
         if not any(w.state != WorkerState.STOPPING for w in pool.workers.values()):
             return  # no worker could run what is claimed (none yet, or all stopping)
-        ahead = pool.config.prefetch + (capacity if depth > 1 else 0)
-        want = room + ahead - len(self.buffer[pool.name])
-        if want <= 0 or not (depth == 1 or empty or 2 * want >= capacity):
+        depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
+        rooms = [
+            Room(w.room(depth, max_jobs), w.held())
+            for w in pool.workers.values()
+            if not _behind_long_job(w, now)  # nothing goes behind it: claim nothing for it
+        ]
+        buffered = len(self.buffer[pool.name])
+        want = claim_size(rooms, depth=depth, prefetch=pool.config.prefetch, buffered=buffered)
+        if not want:
             return
         if now < pool.next_poll_at or now < self.health.retry_at:
             return
@@ -437,157 +414,21 @@ class Dispatcher:
                 worker.job = None
                 worker.queued.clear()
 
-    # ---- leases ------------------------------------------------------------------------
+    # ---- leases (supervisor/run/leases.py) ------------------------------------------
 
     def heartbeat(self, pool: Pool, now: float) -> None:
-        """Extend every lease this pool holds, in one statement, when due (one in flight)."""
-        if now < self.next_heartbeat[pool.name] or now < self.health.retry_at:
-            return
-        if pool.name in self.extending:
-            return
-        c = pool.config
-        for w in pool.workers.values():
-            if w.job is None or w.kill_reason is not None:
-                continue
-            if w.job.extensions >= c.max_lease_extensions:
-                w.kill(
-                    KillReason(
-                        KillKind.TIMEOUT,
-                        f"held its lease through max_lease_extensions "
-                        f"({c.max_lease_extensions}) extensions",
-                    ),
-                    now,
-                )
-        held = [w for w in pool.workers.values() if w.job is not None and w.kill_reason is None]
-        leases = [j.claimed.lease for w in held for j in w.jobs()] + [
-            b.claimed.lease for b in self.buffer[pool.name]
-        ]
-        if not leases:
-            self.next_heartbeat[pool.name] = now + c.heartbeat
-            return
-        self.extending.add(pool.name)
-        sent = set(leases)
-        self.link.submit(
-            "extend",
-            leases,
-            lease=c.lease,
-            on_reply=lambda reply: self._extended(pool, sent, now + c.heartbeat, reply),
-        )
-
-    def _extended(self, pool: Pool, sent: set[Lease], next_due: float, reply: Reply) -> None:
-        """Apply an extend's reply to the jobs still held: a lease that was not extended
-        (taken over, reaped) kills its worker; the others run out no earlier than the call's
-        start plus the lease."""
-        self.extending.discard(pool.name)
-        now = self.clock.monotonic()
-        if reply.error is not None:
-            self.health.failed(now, "extend leases", reply.error)
-            return
-        self.health.ok()
-        self.next_heartbeat[pool.name] = next_due
-        lost = set(reply.value)
-        expires = reply.started + pool.config.lease
-        for w in pool.workers.values():
-            job = w.job
-            if job is None or w.kill_reason is not None:
-                continue
-            if job.claimed.lease in lost:
-                self.counters.lost_leases += 1
-                w.kill(KillReason(KillKind.LEASE_LOST, "its lease was taken over or expired"), now)
-                continue
-            if any(q.claimed.lease in lost for q in w.queued):
-                # never start a job whose lease is gone: stop the worker before it does (its
-                # running job, still ours, is released; the others too)
-                self.counters.lost_leases += 1
-                w.kill(KillReason(KillKind.RETIRE, "a job queued on it lost its lease"), now)
-                continue
-            for j in w.jobs():
-                if j.claimed.lease in sent:
-                    j.lease_expires, j.extensions = max(j.lease_expires, expires), j.extensions + 1
-        kept = deque(b for b in self.buffer[pool.name] if b.claimed.lease not in lost)
-        for b in kept:
-            if b.claimed.lease in sent:
-                b.lease_expires, b.extensions = max(b.lease_expires, expires), b.extensions + 1
-        self.buffer[pool.name] = kept
+        self.leases.heartbeat(pool, now)
 
     def expire_unheld(self, now: float) -> None:
-        """Kill workers whose lease ran out without an extension (the store unreachable or
-        stalled): never run a job whose lease you do not hold."""
-        for pool in self.pools.values():
-            for w in pool.busy():
-                if w.job is None or w.kill_reason is not None:
-                    continue
-                if now >= min(j.lease_expires for j in w.jobs()):
-                    self.counters.lost_leases += 1
-                    w.kill(
-                        KillReason(
-                            KillKind.LEASE_LOST,
-                            "its lease ran out before the store confirmed an extension",
-                        ),
-                        now,
-                    )
-            live = deque(b for b in self.buffer[pool.name] if b.lease_expires > now)
-            self.buffer[pool.name] = live
+        self.leases.expire_unheld(now)
 
-    # ---- housekeeping ------------------------------------------------------------------
+    @property
+    def extending(self) -> set[str]:
+        return self.leases.extending
 
-    def reap(self, now: float, interval: float) -> None:
-        """Return expired leases of any node to the queue (every node runs this)."""
-        if self.reaping or now < self.next_reap or now < self.health.retry_at:
-            return
-        self.reaping = True
-        self.next_reap = now + interval
-        self.chores.submit("reap_described", EXPIRED_READ, on_reply=self._reaped)
-
-    def _reaped(self, reply: Reply) -> None:
-        self.reaping = False
-        if reply.error is not None:
-            self.health.failed(self.clock.monotonic(), "reap", reply.error)
-            return
-        self.health.ok()
-        out, rows = reply.value
-        if not out.count:
-            return
-        self.counters.lease_expiries += out.count
-        log.warning(
-            "reaper: %d expired lease(s): %d requeued, %d dead",
-            out.count,
-            len(out.requeued),
-            len(out.dead),
-        )
-        dead = set(out.dead)
-        for job in rows:  # one line per job (at most EXPIRED_READ a pass)
-            if job.id in dead:
-                self.counters.dead_letters[(job.pool, str(ErrorKind.LEASE_EXPIRED))] += 1
-            job_event(
-                log,
-                logging.WARNING,
-                "job_dead" if job.id in dead else "job_lease_expired",
-                job_id=job.id,
-                pool=job.pool,
-                kind=job.kind,
-                attempt=job.attempts,
-                max_deliveries=job.max_deliveries,
-                duration=job.duration,
-                peak_rss=job.peak_rss,
-                error_kind=str(ErrorKind.LEASE_EXPIRED),
-                message=job.last_error or "its lease expired",
-            )
-
-    def prune(self, now: float, retention: float) -> None:
-        """Delete done jobs older than the retention, once a minute (every node; batched)."""
-        if self.pruning or now < self.next_prune or now < self.health.retry_at:
-            return
-        self.pruning = True
-        self.next_prune = now + PRUNE_EVERY
-        self.chores.submit("prune", older_than=retention, on_reply=self._pruned)
-
-    def _pruned(self, reply: Reply) -> None:
-        self.pruning = False
-        if reply.error is not None:
-            self.health.failed(self.clock.monotonic(), "prune", reply.error)
-        elif reply.value:
-            log.info("pruned %d done job(s) older than the retention", reply.value)
+    @property
+    def next_heartbeat(self) -> dict[str, float]:
+        return self.leases.next_heartbeat
 
 
 def _behind_long_job(worker: WorkerHandle, now: float) -> bool:

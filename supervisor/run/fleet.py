@@ -41,6 +41,7 @@ from supervisor.run import watchdog
 from supervisor.run.counters import Counters
 from supervisor.run.dispatch import Dispatcher
 from supervisor.run.drain import Drain, DrainPhase
+from supervisor.run.housekeeping import Housekeeping
 from supervisor.run.loop import Loop
 from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.pinger import Pinger
@@ -90,8 +91,9 @@ class Fleet:
             for name, pool_config in config.pools.items()
         }
         self.counters = Counters()
-        self.dispatcher = Dispatcher(
-            self.link, self.pools, self.node_id, self.clock, self.counters, chores=self.chores
+        self.dispatcher = Dispatcher(self.link, self.pools, self.node_id, self.clock, self.counters)
+        self.housekeeping = Housekeeping(
+            self.chores, self.clock, self.counters, self.dispatcher.health
         )
         self.drain = Drain(config.grace_period)
         self.memcg = MemoryCgroups(enabled=config.memory_cgroup, pid=self.pid)
@@ -207,8 +209,8 @@ class Fleet:
                 d.assign(pool, now)
         d.flush(now, force=self.drain.active)
         if not self.drain.active:
-            d.reap(now, self.reap_interval)
-            d.prune(now, self.config.retention)
+            self.housekeeping.reap(now, self.reap_interval)
+            self.housekeeping.prune(now, self.config.retention)
 
     def next_timeout(self) -> float:
         """Seconds until the earliest timer: watchdog, polls, heartbeats, spawns, drain."""
@@ -218,10 +220,13 @@ class Fleet:
         # out: the reply wakes the selector, and counting it would spin the loop meanwhile
         due = [
             self.next_publish,
-            self.scaler.next_eval,
-            d.next_reap,
             *(t for name, t in d.next_heartbeat.items() if name not in d.extending),
         ]
+        if not self.drain.active:  # a drain neither scales nor reaps: their timers stand
+            if not self.scaler.reading:
+                due.append(self.scaler.next_eval)
+            if not self.housekeeping.reaping:
+                due.append(self.housekeeping.next_reap)
         if d.outbox.todo and d.outbox.writing is None:
             due.append(max(d.acks_due, d.store_retry_at))
         for pool in self.pools.values():

@@ -16,7 +16,7 @@ the pool, ``PostgresStore._lock_claims``), so two hosts never both see room for 
 3. ``pick``: the fair order within the room left (pure Python, tested on its own). The window
    is read first with one row per tenant; only when those heads cannot decide the pick
    (``heads_decide``: few tenants, or uneven running counts) is it read again with ``k``.
-4. The chosen ids are leased (``SqlStore._take_stmt``), exactly as the plain claim leases.
+4. The chosen ids are leased (``CappedClaims._take_stmt``), exactly as the plain claim leases.
 
 Fair order: a tenant's r-th candidate gets the position ``running + r``, where ``running`` is
 the tenant's jobs leased now, fleet-wide; lower positions are served first, ties by priority,

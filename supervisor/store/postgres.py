@@ -39,8 +39,9 @@ from sqlalchemy.sql.elements import ColumnElement
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.model import Ack, Lease, NewJob, ReapOutcome
+from supervisor.store.rows import job_params
 from supervisor.store.schema import jobs
-from supervisor.store.sql import SqlStore, job_params
+from supervisor.store.sql import SqlStore
 from supervisor.store.wake import PostgresWaker
 
 NOTIFY_CHANNEL = "fleetd_jobs"

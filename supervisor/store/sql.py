@@ -6,18 +6,21 @@ state and lease token in its WHERE clause and reports which rows it changed: a l
 worker whose lease was taken over changes nothing and comes back as lost.
 
 Dialects differ only where they must (``SqliteStore``, ``PostgresStore``): how "now" is read, how
-a lease token is made, connection set-up, and the wake-up channel. This is the one place where
-driver errors become ``StoreUnavailable`` (raised ``from`` the driver's error).
+a lease token is made, connection set-up, and the wake-up channel. Around the verbs:
+
+- driver.py: every verb runs inside ``driver.translated``, the one place where driver errors
+  become ``StoreUnavailable`` (raised ``from`` the driver's error), and the uncapped claim and
+  the ack go to the driver's cursor directly;
+- rows.py: a claim's columns and order, rows as ``Job``, bound values;
+- capped.py: the claim with fleet-wide caps and fair shares (``CappedClaims``, a mixin of this
+  class), on top of fair.py;
+- budget.py: the retry budget's counters, written by claim and fail.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import operator
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -38,14 +41,12 @@ from sqlalchemy import (
     literal,
     select,
     text,
-    tuple_,
     update,
 )
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.clock import Clock
-from supervisor.errors import JobNotFound, NotDead, StoreError, StoreRejected, StoreUnavailable
+from supervisor.errors import JobNotFound, NotDead
 from supervisor.model import (
     STATS_CAP,
     Ack,
@@ -63,16 +64,38 @@ from supervisor.model import (
     ReapOutcome,
     RetryBudget,
 )
-from supervisor.store import fair, migrations
+from supervisor.store import driver, migrations
 from supervisor.store.budget import Budgets
+from supervisor.store.capped import CappedClaims
+from supervisor.store.rows import (
+    CLAIMED_AT,
+    CLAIMED_COLUMNS,
+    LEASES_MATCH,
+    as_claimed,
+    as_job,
+    chunks,
+    claim_order,
+    job_params,
+    lease_pairs,
+)
 from supervisor.store.schema import KEYED, jobs, nodes
 
 QUEUED, LEASED, DONE, DEAD = (s.value for s in JobState)
 _TIME = Float(precision=53)
-_BATCH = 500  # rows per statement for id lists (well under SQLite's bound-variable limit)
+
+# Which of the given leases are still valid, their rows locked (``SqlStore._owned``)
+_OWNED_STMT = (
+    select(jobs.c.id, jobs.c.lease_token)
+    .where(jobs.c.state == LEASED, LEASES_MATCH)
+    .with_for_update()
+)
 
 
-class SqlStore:
+class _Partial(Exception):
+    """Inside the store only: a batched write did not take for every row; roll it back."""
+
+
+class SqlStore(CappedClaims):
     """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
 
     dialect = "sql"
@@ -85,31 +108,15 @@ class SqlStore:
     # ---- plumbing -----------------------------------------------------------------------
 
     @contextmanager
-    def _translated(self) -> Iterator[None]:
-        """Translate driver errors exactly once, here."""
-        try:
-            yield
-        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            raise StoreUnavailable(f"database unavailable: {_one_line(exc)}") from exc
-        except sa_exc.DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise StoreUnavailable(f"database connection lost: {_one_line(exc)}") from exc
-            if isinstance(exc, sa_exc.DataError | sa_exc.IntegrityError):
-                raise StoreRejected(f"database refused the write: {_one_line(exc)}") from exc
-            raise StoreError(f"database error: {_one_line(exc)}") from exc
-        except UnicodeError as exc:  # a value the driver cannot encode (a lone surrogate)
-            raise StoreRejected(f"database driver refused a value: {_one_line(exc)}") from exc
-
-    @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """A write transaction (BEGIN IMMEDIATE on SQLite: take the write lock up front)."""
-        with self._translated(), self.engine.begin() as conn:
+        with driver.translated(), self.engine.begin() as conn:
             yield conn
 
     @contextmanager
     def _auto(self) -> Iterator[Connection]:
         """Autocommit: each statement is its own transaction (one round trip fewer)."""
-        with self._translated(), self.engine.connect() as conn:
+        with driver.translated(), self.engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _now(self) -> ColumnElement[float]:
@@ -246,116 +253,19 @@ class SqlStore:
         priority first, then longest waiting. Counts a delivery on each (and in the pool's
         retry ``budget``, when it has one). With capped ``limits``, stays within the pool's,
         tenants' and kinds' fleet-wide caps and orders fairly between tenants
-        (supervisor/store/fair.py)."""
+        (``CappedClaims``, supervisor/store/capped.py and fair.py)."""
         if n <= 0 or not kinds:
             return []
         if limits is not None and limits.capped:
             return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
         raw, params = self._plain_claim(pool, kinds, n, node, lease)
         with self._auto() as conn:
-            rows = self._raw(conn, raw, params)
+            rows = driver.fetchall(conn, raw, params)
             if budget is not None and rows:
-                at = rows[0][_CLAIMED_AT]
+                at = rows[0][CLAIMED_AT]
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
-        rows.sort(key=_claim_order)
-        return [_claimed(r) for r in rows]
-
-    def _claim_capped(
-        self,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
-        limits: ClaimLimits,
-        budget: RetryBudget | None,
-    ) -> list[Claimed]:
-        """Count, choose and lease in one transaction, serialised per pool (fair.py)."""
-        with self._tx() as conn:
-            self._lock_claims(conn, pool)
-            running = fair.Running.of(conn.execute(self._leased_stmt, {"c_pool": pool}))
-            room = running.room(limits, n)
-            open_kinds = running.open_kinds(limits, kinds)
-            if room <= 0 or not open_kinds:
-                return []
-            # heads first when the last window had tenants enough to fill the room with them
-            heads = self._widths.get(pool, room) >= room
-            window = self._window(conn, pool, running, limits, open_kinds, room, heads=heads)
-            taken = fair.pick(window, running, limits, room)
-            if heads and not fair.heads_decide(window, running, limits, open_kinds, room, taken):
-                window = self._window(conn, pool, running, limits, open_kinds, room)
-                taken = fair.pick(window, running, limits, room)
-            self._cursors[pool] = window.next_cursor(taken)
-            self._widths[pool] = len(window.tenants)
-            if not taken:
-                return []
-            chosen = [c.id for c in taken]
-            params = {"c_ids": chosen, "c_node": node, "c_lease": lease}
-            rows = {r.id: r for r in self._exec(conn, self._take_stmt, params)}
-            if budget is not None and rows:
-                at = next(iter(rows.values())).started_at
-                self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
-        return [_claimed(rows[i]) for i in chosen if i in rows]
-
-    def _window(
-        self,
-        conn: Connection,
-        pool: str,
-        running: fair.Running,
-        limits: ClaimLimits,
-        kinds: list[str],
-        room: int,
-        heads: bool = False,
-    ) -> fair.Window:
-        """The capped claim's candidates: one read of the tenant window per kind group (with
-        ``heads``, each tenant's first row only)."""
-        full = running.full_tenants(limits)
-        k = 1 if heads else fair.per_tenant(limits, room)
-        groups = fair.kind_groups(running, limits, kinds, k)
-
-        def read(window: dict[str, Any]) -> list[Any]:
-            return [
-                row
-                for group, k in groups
-                for row in self._exec(
-                    conn,
-                    self._candidates_stmt,
-                    {"c_pool": pool, "c_full": full, "c_kinds": group, "c_k": k, **window},
-                )
-            ]
-
-        # tenants at their cap are probed but never read: they widen the window
-        return fair.gather(read, self._cursors.get(pool), fair.WINDOW + len(full))
-
-    def _lock_claims(self, conn: Connection, pool: str) -> None:
-        """Serialise capped claims of ``pool`` until this transaction ends. SQLite: BEGIN
-        IMMEDIATE already did; PostgreSQL takes an advisory lock."""
-
-    @cached_property
-    def _cursors(self) -> dict[str, str | None]:
-        """Per pool: the tenant where the last capped claim's window ended (fair.gather)."""
-        return {}
-
-    @cached_property
-    def _widths(self) -> dict[str, int]:
-        """Per pool: how many tenants the last capped claim's window held."""
-        return {}
-
-    @cached_property
-    def _leased_stmt(self) -> Any:
-        return fair.leased_stmt()
-
-    @cached_property
-    def _candidates_stmt(self) -> Any:
-        lateral = self.engine.dialect.name == "postgresql"
-        return fair.candidates_stmt(self._now(), lateral=lateral, mostly_true=self._mostly_true)
-
-    @cached_property
-    def _take_stmt(self) -> Any:
-        """Lease exactly the jobs the capped claim chose (still queued: nothing else takes
-        queued jobs of a pool whose claims are serialised)."""
-        chosen = and_(jobs.c.id.in_(bindparam("c_ids", expanding=True)), jobs.c.state == QUEUED)
-        return update(jobs).where(chosen).values(self._lease_values()).returning(*_CLAIMED_COLUMNS)
+        rows.sort(key=claim_order)
+        return [as_claimed(r) for r in rows]
 
     @cached_property
     def _budgets(self) -> Budgets:
@@ -385,23 +295,23 @@ class SqlStore:
 
     def _plain_claim(
         self, pool: str, kinds: Collection[str], n: int, node: str, lease: float
-    ) -> tuple[_Raw, dict[str, Any]]:
+    ) -> tuple[driver.Raw, dict[str, Any]]:
         params = {"c_pool": pool, "c_n": n, "c_node": node, "c_lease": lease}
         params.update((f"c_kind{i}", kind) for i, kind in enumerate(sorted(kinds)))
         return self._claim_raw(len(kinds)), self._with_now(params)
 
-    def _claim_raw(self, n_kinds: int) -> _Raw:
+    def _claim_raw(self, n_kinds: int) -> driver.Raw:
         """The claim for a pool of ``n_kinds`` kinds, compiled once: claiming is most of a
         short job's cost, and SQLAlchemy's per-call compile-cache lookup, parameter and
         result processing took half of it (the driver's rows are what the claim needs)."""
         raw = self._claim_raws.get(n_kinds)
         if raw is None:
             stmt = self._claim_stmt(n_kinds)
-            raw = self._claim_raws[n_kinds] = _Raw.of(stmt, self.engine.dialect)
+            raw = self._claim_raws[n_kinds] = driver.Raw.of(stmt, self.engine.dialect)
         return raw
 
     @cached_property
-    def _claim_raws(self) -> dict[int, _Raw]:
+    def _claim_raws(self) -> dict[int, driver.Raw]:
         return {}
 
     def _claim_stmt(self, n_kinds: int) -> Any:
@@ -422,7 +332,7 @@ class SqlStore:
             update(jobs)
             .where(jobs.c.id.in_(ready.scalar_subquery()))
             .values(self._lease_values())
-            .returning(*_CLAIMED_COLUMNS)
+            .returning(*CLAIMED_COLUMNS)
         )
 
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]:
@@ -431,7 +341,9 @@ class SqlStore:
         if not leases:
             return []
         with self._auto() as conn:
-            rows = self._exec(conn, self._extend_stmt, {"leases": _pairs(leases), "lease": lease})
+            rows = self._exec(
+                conn, self._extend_stmt, {"leases": lease_pairs(leases), "lease": lease}
+            )
             kept = {Lease(r.id, r.lease_token) for r in rows}
         return [lease_ for lease_ in leases if lease_ not in kept]
 
@@ -439,7 +351,7 @@ class SqlStore:
     def _extend_stmt(self) -> Any:
         return (
             update(jobs)
-            .where(jobs.c.state == LEASED, _LEASES_MATCH)
+            .where(jobs.c.state == LEASED, LEASES_MATCH)
             .values(
                 locked_until=self._now() + bindparam("lease", type_=_TIME),
                 extensions=jobs.c.extensions + 1,
@@ -468,7 +380,7 @@ class SqlStore:
         ]
         try:
             with self._tx() as conn:
-                changed = self._executemany(conn, self._ack_raw, params)
+                changed = driver.executemany(conn, self._ack_raw, params)
                 if changed == len(acks) and conn.dialect.supports_sane_multi_rowcount:
                     return []
                 raise _Partial  # roll back, and redo it row by row below
@@ -484,56 +396,12 @@ class SqlStore:
     def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
         """Those of ``leases`` still valid (job leased under that token), their rows locked for
         this transaction (SQLite's write lock is already held; PostgreSQL locks the rows)."""
-        rows = conn.execute(_OWNED_STMT, {"leases": _pairs(leases)})
+        rows = conn.execute(_OWNED_STMT, {"leases": lease_pairs(leases)})
         return {Lease(r.id, r.lease_token) for r in rows}
 
     @cached_property
-    def _ack_raw(self) -> _Raw:
-        return _Raw.of(self._ack_stmt, self.engine.dialect)
-
-    def _executemany(self, conn: Connection, raw: _Raw, rows: list[dict[str, Any]]) -> int:
-        """Run ``raw`` once per row on the driver's own cursor, in ``conn``'s transaction;
-        the rows changed. SQLAlchemy would build each row's parameters in Python (~10 µs a
-        row, most of a short job's ack); this hands them to the driver as they are, so it
-        is only for statements whose parameters need no type processing."""
-        with self._cursor(conn, raw) as cursor:
-            cursor.executemany(raw.sql, raw.rows(rows))
-            return cursor.rowcount
-
-    def _raw(self, conn: Connection, raw: _Raw, params: dict[str, Any]) -> list[Any]:
-        """Run ``raw`` with ``params`` on the driver's own cursor: its rows as the driver
-        returns them (tuples). For statements whose parameters and columns need no type
-        processing, as ``_executemany``."""
-        with self._cursor(conn, raw) as cursor:
-            cursor.execute(raw.sql, raw.rows([params])[0])
-            return cursor.fetchall()
-
-    @contextmanager
-    def _cursor(self, conn: Connection, raw: _Raw) -> Iterator[Any]:
-        """A driver cursor on ``conn``'s connection; its errors leave as SQLAlchemy would
-        raise them, for ``_translated``. A lost connection (the server restarted) is handled
-        as SQLAlchemy's own execute handles it: that connection is invalidated (handed back
-        as it is, its reset would fail and the pool would log a traceback) and so is every
-        other one in the pool, which the same restart has cut too."""
-        dialect = conn.dialect
-        dbapi_error = dialect.loaded_dbapi.Error
-        dbapi_conn = conn.connection.dbapi_connection
-        cursor = None
-        try:
-            cursor = dbapi_conn.cursor()  # type: ignore[union-attr]
-            yield cursor
-        except dbapi_error as exc:
-            lost = dialect.is_disconnect(exc, dbapi_conn, cursor)
-            if lost:
-                conn.invalidate(exc)
-                self.engine.dispose()  # the pooled connections: fresh ones on the next call
-            raise sa_exc.DBAPIError.instance(
-                raw.sql, None, exc, dbapi_error, connection_invalidated=lost
-            ) from exc
-        finally:
-            if cursor is not None:
-                with contextlib.suppress(dbapi_error):
-                    cursor.close()
+    def _ack_raw(self) -> driver.Raw:
+        return driver.Raw.of(self._ack_stmt, self.engine.dialect)
 
     @cached_property
     def _ack_stmt(self) -> Any:
@@ -595,7 +463,7 @@ class SqlStore:
         now = self._now()
         return (
             update(jobs)
-            .where(jobs.c.state == LEASED, _LEASES_MATCH)
+            .where(jobs.c.state == LEASED, LEASES_MATCH)
             .values(
                 state=case((at_limit, DEAD), else_=QUEUED),
                 available_at=case(
@@ -619,7 +487,7 @@ class SqlStore:
         if not leases:
             return []
         with self._auto() as conn:
-            rows = self._exec(conn, self._release_stmt, {"leases": _pairs(leases)}).all()
+            rows = self._exec(conn, self._release_stmt, {"leases": lease_pairs(leases)}).all()
         if rows:
             self._announce({r.pool for r in rows})  # idle supervisors take them at once
         return sorted(r.id for r in rows)
@@ -628,7 +496,7 @@ class SqlStore:
     def _release_stmt(self) -> Any:
         return (
             update(jobs)
-            .where(jobs.c.state == LEASED, _LEASES_MATCH)
+            .where(jobs.c.state == LEASED, LEASES_MATCH)
             .values(
                 state=QUEUED,
                 attempts=jobs.c.attempts - 1,
@@ -684,7 +552,7 @@ class SqlStore:
     def get(self, job_id: int) -> Job | None:
         with self._auto() as conn:
             row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
-        return None if row is None else _job(row)
+        return None if row is None else as_job(row)
 
     def list_jobs(
         self,
@@ -701,7 +569,7 @@ class SqlStore:
         if pool is not None:
             query = query.where(jobs.c.pool == pool)
         with self._auto() as conn:
-            return [_job(r) for r in conn.execute(query)]
+            return [as_job(r) for r in conn.execute(query)]
 
     def stats(self, pools: Collection[str]) -> dict[str, PoolStats]:
         """Per-pool figures. Each count walks only the partial index of its state, and the
@@ -772,7 +640,7 @@ class SqlStore:
         ``pool``). Naming a job that is missing or not dead changes nothing and raises."""
         with self._tx() as conn:
             target = self._dead_ids(conn, ids, pool)
-            for chunk in _chunks(target):
+            for chunk in chunks(target):
                 self._exec(
                     conn,
                     update(jobs)
@@ -785,7 +653,7 @@ class SqlStore:
         """Delete dead jobs (all of them, or of ``pool``, or exactly ``ids``)."""
         with self._tx() as conn:
             target = self._dead_ids(conn, ids, pool)
-            for chunk in _chunks(target):
+            for chunk in chunks(target):
                 conn.execute(delete(jobs).where(jobs.c.id.in_(chunk), jobs.c.state == DEAD))
         return len(target)
 
@@ -797,7 +665,7 @@ class SqlStore:
             return list(conn.execute(query).scalars())
         wanted = sorted(set(ids))
         states: dict[int, str] = {}
-        for chunk in _chunks(wanted):
+        for chunk in chunks(wanted):
             query = select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(chunk))
             states.update((r.id, r.state) for r in conn.execute(query))
         missing = [i for i in wanted if i not in states]
@@ -881,140 +749,3 @@ class SqlStore:
             ).all()
         counts = {pool: int(n) for pool, n, _ in rows}
         return counts, max([after_id, *(int(m) for _, _, m in rows)])
-
-
-# ---- row helpers ------------------------------------------------------------------------
-
-_CLAIMED_COLUMNS = (
-    jobs.c.id,
-    jobs.c.lease_token,
-    jobs.c.kind,
-    jobs.c.pool,
-    jobs.c.payload,
-    jobs.c.attempts,
-    jobs.c.max_deliveries,
-    jobs.c.locked_until,
-    jobs.c.tenant,
-    jobs.c.priority,
-    jobs.c.available_at,
-    jobs.c.started_at,  # the claim's "now" (retry-budget bucket)
-)
-
-
-# (id, token) IN (...): row values work on PostgreSQL and on SQLite >= 3.15. An expanding
-# parameter keeps one compiled statement whatever the number of leases.
-_LEASES_MATCH = tuple_(jobs.c.id, jobs.c.lease_token).in_(bindparam("leases", expanding=True))
-_OWNED_STMT = (
-    select(jobs.c.id, jobs.c.lease_token)
-    .where(jobs.c.state == LEASED, _LEASES_MATCH)
-    .with_for_update()
-)
-
-
-@dataclass(frozen=True)
-class _Raw:
-    """A statement compiled once for a dialect, for ``SqlStore._executemany``."""
-
-    sql: str
-    names: tuple[str, ...] | None  # parameter order for a positional paramstyle, else None
-    constants: dict[str, Any]  # the statement's own bound values (``state = 'done'``)
-
-    @classmethod
-    def of(cls, stmt: Any, dialect: Any) -> _Raw:
-        compiled = stmt.compile(dialect=dialect)
-        names = tuple(compiled.positiontup) if compiled.positional else None
-        constants = dict(compiled.construct_params(_check=False))
-        return cls(compiled.string, names, constants)
-
-    def rows(self, rows: list[dict[str, Any]]) -> list[Any]:
-        """Each row's parameters as the driver takes them: the statement's own values filled
-        in, in order for a positional paramstyle."""
-        constants = self.constants
-        if self.names is None:
-            return [{**constants, **row} for row in rows]
-        order = self._order
-        return [order({**constants, **row}) for row in rows]
-
-    @cached_property
-    def _order(self) -> Any:
-        names = self.names or ()
-        if len(names) > 1:
-            return operator.itemgetter(*names)  # a C call per row, not a generator
-        return lambda row: tuple(row[name] for name in names)
-
-
-class _Partial(Exception):
-    """Inside the store only: a batched write did not take for every row; roll it back."""
-
-
-def _pairs(leases: Sequence[Lease]) -> list[tuple[int, str]]:
-    return [(x.job_id, x.token) for x in leases]
-
-
-def job_params(job: NewJob) -> dict[str, Any]:
-    """The bound values of one job's insert (``SqlStore._row_values`` names them)."""
-    return {
-        "kind": job.kind,
-        "pool": job.pool,
-        "payload": job.payload,
-        "tenant": job.tenant,
-        "key": job.key,
-        "priority": job.priority,
-        "max_deliveries": job.max_deliveries,
-        "delay": float(job.delay),
-    }
-
-
-# Where each column sits in a claim's row (a driver tuple or a SQLAlchemy Row alike)
-_AT = {column.name: i for i, column in enumerate(_CLAIMED_COLUMNS)}
-_CLAIMED_AT = _AT["started_at"]  # the claim's "now"
-_PRIORITY, _AVAILABLE, _ID = _AT["priority"], _AT["available_at"], _AT["id"]
-
-
-def _claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    return (-row[_PRIORITY], row[_AVAILABLE], row[_ID])
-
-
-def _claimed(row: Any) -> Claimed:
-    """A claim's row; its first nine columns are Claimed's fields in order (the lease's two
-    first)."""
-    return Claimed(Lease(row[0], row[1]), *row[2:9])
-
-
-def _job(row: Any) -> Job:
-    m = row._mapping
-    return Job(
-        id=m["id"],
-        kind=m["kind"],
-        pool=m["pool"],
-        state=JobState(m["state"]),
-        attempts=m["attempts"],
-        max_deliveries=m["max_deliveries"],
-        payload=json.loads(m["payload"]),
-        tenant=m["tenant"],
-        key=m["key"],
-        priority=m["priority"],
-        enqueued_at=m["enqueued_at"],
-        available_at=m["available_at"],
-        started_at=m["started_at"],
-        finished_at=m["finished_at"],
-        result=None if m["result"] is None else json.loads(m["result"]),
-        last_error=m["last_error"],
-        error_kind=ErrorKind(m["error_kind"]) if m["error_kind"] else None,
-        peak_rss=m["peak_rss"],
-        duration=m["duration"],
-        owner=m["owner"],
-        locked_until=m["locked_until"],
-        extensions=m["extensions"],
-    )
-
-
-def _chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
-    for start in range(0, len(ids), _BATCH):
-        yield ids[start : start + _BATCH]
-
-
-def _one_line(exc: BaseException) -> str:
-    """A driver's message without its SQL echo and background links."""
-    orig = getattr(exc, "orig", None) or exc
-    return " ".join(str(orig).split("\n")[0].split()) or type(orig).__name__

@@ -24,6 +24,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
+from supervisor.store import driver
 from supervisor.store.sql import SqlStore
 from supervisor.store.wake import LocalWaker, wake_local
 
@@ -55,7 +56,7 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def _auto(self) -> Iterator[Connection]:
-        with self._translated(), self.engine.connect() as conn:
+        with driver.translated(), self.engine.connect() as conn:
             yield conn.execution_options(**{_AUTOCOMMIT: True})
 
     def _after_commit(self, pools: set[str]) -> None:

@@ -99,7 +99,7 @@ def job(kind: str = "noop", **payload: Any) -> NewJob:
 
 def quiet(fleet: Fleet, now: float) -> None:
     """Every timer of the loop far away."""
-    fleet.next_publish = fleet.scaler.next_eval = fleet.dispatcher.next_reap = now + 100
+    fleet.next_publish = fleet.scaler.next_eval = fleet.housekeeping.next_reap = now + 100
     fleet.next_watchdog = fleet.next_waker_at = now + 100
     for pool in fleet.pools.values():
         pool.next_poll_at = now + 100
@@ -287,3 +287,38 @@ def test_a_reply_in_the_socket_when_the_store_process_dies_is_handled(db) -> Non
     _, status = os.waitpid(link.pid, 0)  # and its exit is reaped before the socket is read
     link.exited(status, time.monotonic())
     assert replies and replies[0].error is None and [c.job_id for c in replies[0].value] == [jid]
+
+
+def test_the_loop_sleeps_while_a_drain_waits_for_its_writes(made) -> None:
+    """A drain whose workers are gone waits for its releases to be written (a stalled
+    store): meanwhile nothing is due but the reply; the scaler's and the reaper's timers,
+    which a drain never advances, must not spin the loop."""
+    fleet, store, link = made()
+    pool, worker = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job("sleep", seconds=5)])
+    now = fleet.clock.monotonic()
+    fleet.dispatcher.claim(pool, now)
+    link.answer()
+    fleet.drain.on_signal(now)
+    fleet.begin_drain(now)
+    fleet.drain.on_signal(now)  # a second signal: stop running jobs now
+    fleet.advance_drain(now)
+    infleet.wait_exited(worker.pid)
+    fleet.reap_children(fleet.clock.monotonic())
+    fleet.dispatch(fleet.clock.monotonic())  # the release goes out, and is not answered
+    assert link.names() == ["write_results"]
+    quiet(fleet, now)
+    fleet.scaler.next_eval = fleet.housekeeping.next_reap = now - 1  # long past, as in a drain
+    assert fleet.next_timeout() > 0.5
+
+
+def test_the_loop_sleeps_while_the_scaler_and_the_reaper_wait_for_figures(made) -> None:
+    fleet, store, link = made()
+    infleet.one_worker(fleet, short_jobs=False)
+    now = fleet.clock.monotonic()
+    fleet.scaler.tick(now, draining=False)
+    fleet.housekeeping.reap(now, 0.5)
+    assert link.names() == ["scaler_read", "reap_described"]
+    quiet(fleet, now)
+    fleet.scaler.next_eval = fleet.housekeeping.next_reap = now - 1  # due again meanwhile
+    assert fleet.next_timeout() > 1.0

@@ -144,8 +144,10 @@ def test_a_stalled_database_stops_no_kill_no_drain_and_loses_nothing(
     [hang_run] = eventually(lambda: fleet.executions(hang))
     [bomb_run] = eventually(lambda: fleet.executions(bomb))
 
+    parent = psutil.Process(sup.pid)
     stall.begin()
     stalled_at = time.monotonic()
+    cpu_before = sum(parent.cpu_times()[:2])
     try:
         # the hang: killed at its 2 s timeout though every store call now waits
         eventually(lambda: gone(hang_run["pid"]), timeout=6, interval=0.02)
@@ -157,6 +159,9 @@ def test_a_stalled_database_stops_no_kill_no_drain_and_loses_nothing(
         # SIGTERM during the stall: the drain runs on time and the supervisor exits within
         # grace + 12 s (its releases written when the database answers, or left to expire)
         time.sleep(max(0.0, stalled_at + 6.0 - time.monotonic()))
+        # waiting is not spinning: the loop sleeps until a reply, a timer or a signal
+        busy = sum(parent.cpu_times()[:2]) - cpu_before
+        assert busy < 0.5 * (time.monotonic() - stalled_at), f"{busy:.1f}s of CPU in the stall"
         sup.signal(signal.SIGTERM)
         signalled = time.monotonic()
         code = sup.wait_exit(timeout=GRACE + 12 + 5)

@@ -1,0 +1,45 @@
+"""Pure claim planning: how many jobs a pool claims now. Values in, values out (tested with
+tables in tests/unit/test_plans.py); the dispatcher gathers each worker's room and acts.
+
+A pool claims for its workers' free room plus ``prefetch``. For a pool of short jobs that
+pipelines (``depth`` > 1) room is what its workers may still be sent, and it claims a second
+pipeline's worth ahead, but only once half of what it wants is missing: one claim then serves
+dozens of jobs instead of one claim per finished job. A worker running a long job is left out
+by the caller (nothing goes behind it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """One worker's share of a claim: jobs it may still be sent, and jobs it holds."""
+
+    free: int
+    held: int
+
+
+def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: int) -> int:
+    """Jobs to claim now (0: none) for workers with ``rooms``, ``buffered`` already claimed.
+
+    >>> claim_size([Room(1, 0), Room(1, 0)], depth=1, prefetch=0, buffered=0)
+    2
+    >>> claim_size([Room(0, 1), Room(0, 1)], depth=1, prefetch=1, buffered=0)
+    1
+    >>> claim_size([Room(60, 4), Room(64, 0)], depth=64, prefetch=0, buffered=0)
+    252
+    >>> claim_size([Room(10, 54), Room(10, 54)], depth=64, prefetch=0, buffered=100)
+    0
+    """
+    taking = [r for r in rooms if r.free > 0 or r.held]
+    capacity = sum(r.free + r.held for r in taking)
+    room = sum(r.free for r in taking)
+    empty = any(r.free > 0 and not r.held for r in taking)  # a worker with nothing to do
+    ahead = prefetch + (capacity if depth > 1 else 0)
+    want = room + ahead - buffered
+    if want <= 0 or not (depth == 1 or empty or 2 * want >= capacity):
+        return 0
+    return want

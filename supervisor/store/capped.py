@@ -1,0 +1,143 @@
+"""The capped claim's transaction: ``SqlStore.claim`` with capped ``ClaimLimits`` comes here.
+
+What to take, and in which order, is decided in supervisor/store/fair.py (its statements and the
+pure fair pick, with the reasoning). This module runs those steps against the database: count,
+read the window, pick, lease, in one transaction serialised per pool, and keeps the per-pool
+state one claim hands to the next (the round-robin cursor and the window's width).
+
+``CappedClaims`` is a mixin of ``SqlStore``, not a store of its own: it runs in the store's
+transactions, reads the store's clock and leases with the store's lease values, exactly as the
+plain claim does (what it takes from ``SqlStore`` is declared at the top of the class).
+``PostgresStore`` overrides ``_lock_claims``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from contextlib import AbstractContextManager
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Engine, and_, bindparam, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from supervisor.model import Claimed, ClaimLimits, JobState, RetryBudget
+from supervisor.store import fair
+from supervisor.store.budget import Budgets
+from supervisor.store.rows import CLAIMED_COLUMNS, as_claimed
+from supervisor.store.schema import jobs
+
+QUEUED = JobState.QUEUED.value
+
+
+class CappedClaims:
+    """The capped claim, for ``SqlStore``."""
+
+    if TYPE_CHECKING:  # provided by SqlStore
+        engine: Engine
+        _budgets: Budgets
+
+        def _tx(self) -> AbstractContextManager[Connection]: ...
+        def _exec(
+            self, conn: Connection, stmt: Any, params: dict[str, Any] | None = None
+        ) -> Any: ...
+        def _now(self) -> ColumnElement[float]: ...
+        def _mostly_true(self, condition: ColumnElement[bool]) -> ColumnElement[bool]: ...
+        def _lease_values(self) -> dict[str, Any]: ...
+
+    def _claim_capped(
+        self,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        limits: ClaimLimits,
+        budget: RetryBudget | None,
+    ) -> list[Claimed]:
+        """Count, choose and lease in one transaction, serialised per pool (fair.py)."""
+        with self._tx() as conn:
+            self._lock_claims(conn, pool)
+            running = fair.Running.of(conn.execute(self._leased_stmt, {"c_pool": pool}))
+            room = running.room(limits, n)
+            open_kinds = running.open_kinds(limits, kinds)
+            if room <= 0 or not open_kinds:
+                return []
+            # heads first when the last window had tenants enough to fill the room with them
+            heads = self._widths.get(pool, room) >= room
+            window = self._window(conn, pool, running, limits, open_kinds, room, heads=heads)
+            taken = fair.pick(window, running, limits, room)
+            if heads and not fair.heads_decide(window, running, limits, open_kinds, room, taken):
+                window = self._window(conn, pool, running, limits, open_kinds, room)
+                taken = fair.pick(window, running, limits, room)
+            self._cursors[pool] = window.next_cursor(taken)
+            self._widths[pool] = len(window.tenants)
+            if not taken:
+                return []
+            chosen = [c.id for c in taken]
+            params = {"c_ids": chosen, "c_node": node, "c_lease": lease}
+            rows = {r.id: r for r in self._exec(conn, self._take_stmt, params)}
+            if budget is not None and rows:
+                at = next(iter(rows.values())).started_at
+                self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        return [as_claimed(rows[i]) for i in chosen if i in rows]
+
+    def _window(
+        self,
+        conn: Connection,
+        pool: str,
+        running: fair.Running,
+        limits: ClaimLimits,
+        kinds: list[str],
+        room: int,
+        heads: bool = False,
+    ) -> fair.Window:
+        """The capped claim's candidates: one read of the tenant window per kind group (with
+        ``heads``, each tenant's first row only)."""
+        full = running.full_tenants(limits)
+        k = 1 if heads else fair.per_tenant(limits, room)
+        groups = fair.kind_groups(running, limits, kinds, k)
+
+        def read(window: dict[str, Any]) -> list[Any]:
+            return [
+                row
+                for group, k in groups
+                for row in self._exec(
+                    conn,
+                    self._candidates_stmt,
+                    {"c_pool": pool, "c_full": full, "c_kinds": group, "c_k": k, **window},
+                )
+            ]
+
+        # tenants at their cap are probed but never read: they widen the window
+        return fair.gather(read, self._cursors.get(pool), fair.WINDOW + len(full))
+
+    def _lock_claims(self, conn: Connection, pool: str) -> None:
+        """Serialise capped claims of ``pool`` until this transaction ends. SQLite: BEGIN
+        IMMEDIATE already did; PostgreSQL takes an advisory lock."""
+
+    @cached_property
+    def _cursors(self) -> dict[str, str | None]:
+        """Per pool: the tenant where the last capped claim's window ended (fair.gather)."""
+        return {}
+
+    @cached_property
+    def _widths(self) -> dict[str, int]:
+        """Per pool: how many tenants the last capped claim's window held."""
+        return {}
+
+    @cached_property
+    def _leased_stmt(self) -> Any:
+        return fair.leased_stmt()
+
+    @cached_property
+    def _candidates_stmt(self) -> Any:
+        lateral = self.engine.dialect.name == "postgresql"
+        return fair.candidates_stmt(self._now(), lateral=lateral, mostly_true=self._mostly_true)
+
+    @cached_property
+    def _take_stmt(self) -> Any:
+        """Lease exactly the jobs the capped claim chose (still queued: nothing else takes
+        queued jobs of a pool whose claims are serialised)."""
+        chosen = and_(jobs.c.id.in_(bindparam("c_ids", expanding=True)), jobs.c.state == QUEUED)
+        return update(jobs).where(chosen).values(self._lease_values()).returning(*CLAIMED_COLUMNS)

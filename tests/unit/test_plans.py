@@ -1,0 +1,38 @@
+"""Claim planning, pure: how many jobs a pool claims for its workers' room (supervisor/plans.py)."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import supervisor.plans
+from supervisor.plans import Room, claim_size
+
+
+def test_doctests_pass() -> None:
+    result = doctest.testmod(supervisor.plans)
+    assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    ("rooms", "depth", "prefetch", "buffered", "want"),
+    [
+        # one job at a time: an idle worker each, plus prefetch, less what is buffered
+        ([Room(1, 0), Room(0, 1)], 1, 0, 0, 1),
+        ([Room(1, 0), Room(0, 1)], 1, 2, 0, 3),
+        ([Room(1, 0), Room(0, 1)], 1, 2, 3, 0),
+        ([Room(0, 1), Room(0, 1)], 1, 0, 0, 0),  # all busy, no prefetch: nothing
+        ([], 1, 1, 0, 1),  # every worker behind a long job: prefetch alone
+        # pipelining (depth 64): room plus a pipeline's worth ahead
+        ([Room(64, 0), Room(64, 0)], 64, 0, 0, 256),
+        # a worker with nothing to do always gets its share at once
+        ([Room(64, 0), Room(4, 60)], 64, 0, 0, 196),
+        # both busy, a pipeline buffered: less than half the capacity wanted, so wait
+        ([Room(20, 44), Room(20, 44)], 64, 0, 110, 0),
+        # ... until half of what they want is missing
+        ([Room(40, 24), Room(40, 24)], 64, 0, 50, 158),
+    ],
+)
+def test_claim_size(rooms: list[Room], depth: int, prefetch: int, buffered: int, want: int) -> None:
+    assert claim_size(rooms, depth=depth, prefetch=prefetch, buffered=buffered) == want
