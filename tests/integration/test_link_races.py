@@ -313,7 +313,7 @@ def test_the_loop_sleeps_while_a_drain_waits_for_its_writes(made) -> None:
 
 
 def test_the_loop_sleeps_while_the_scaler_and_the_reaper_wait_for_figures(made) -> None:
-    fleet, store, link = made()
+    fleet, _store, link = made()
     infleet.one_worker(fleet, short_jobs=False)
     now = fleet.clock.monotonic()
     fleet.scaler.tick(now, draining=False)
