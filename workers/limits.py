@@ -50,6 +50,7 @@ import ctypes
 import os
 import re
 import resource
+import signal
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
@@ -267,3 +268,56 @@ def trim_heap() -> bool:
     except (OSError, AttributeError):
         return False
     return True
+
+
+# ---- the deadline alarm: a per-process POSIX timer ----------------------------------------
+
+DEADLINE_SIGNAL = signal.SIGRTMIN + 3  # default action: terminate; nothing else uses it
+_CLOCK_MONOTONIC = 1
+_SIGEV_SIGNAL = 0
+
+
+class _Sigevent(ctypes.Structure):
+    _fields_ = [  # struct sigevent on Linux: 64 bytes
+        ("sigev_value", ctypes.c_void_p),
+        ("sigev_signo", ctypes.c_int),
+        ("sigev_notify", ctypes.c_int),
+        ("_pad", ctypes.c_int * 12),
+    ]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class DeadlineAlarm:
+    """A POSIX timer on the monotonic clock that sends this process ``DEADLINE_SIGNAL`` (a
+    real-time signal whose default action ends the process) when armed time runs out.
+
+    A timer of its own, so it neither replaces nor is replaced by a handler's ``signal.alarm``
+    or ``setitimer`` (one ITIMER_REAL per process). What it cannot do: a handler that installs
+    its own handler for this very signal defeats it; it ends the worker, not processes the job
+    started (the parent kills the worker's process group when it reaps it)."""
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._timer = ctypes.c_void_p()
+        event = _Sigevent(sigev_signo=int(DEADLINE_SIGNAL), sigev_notify=_SIGEV_SIGNAL)
+        created = self._libc.timer_create(
+            _CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._timer)
+        )
+        if created != 0:
+            raise OSError(ctypes.get_errno(), "timer_create failed")
+        self._settime = self._libc.timer_settime
+        self._spec = _Itimerspec()
+
+    def arm(self, seconds: float) -> None:
+        """Fire ``seconds`` from now (0 disarms)."""
+        whole = int(seconds)
+        self._spec.it_value.tv_sec = whole
+        self._spec.it_value.tv_nsec = int((seconds - whole) * 1e9)
+        self._settime(self._timer, 0, ctypes.byref(self._spec), None)

@@ -87,6 +87,10 @@ class WorkerSpec:
     user: str | int | None = None
     group: str | int | None = None
     max_frame: int = protocol.MAX_FRAME
+    # seconds after a job starts at which the worker ends itself (``limits.DeadlineAlarm``):
+    # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
+    # None: no alarm
+    hard_deadline: float | None = None
 
     def __post_init__(self) -> None:
         # Checked in the parent, before the fork: a bad spec must not become a fork loop.
@@ -141,6 +145,8 @@ class _Worker:
         self.cap: limits.MemoryCap | None = None
         self.jobs_done = 0
         self.busy_title = False  # the title names a job
+        self.alarm: limits.DeadlineAlarm | None = None
+        self.alarm_armed = False  # the deadline alarm runs (disarmed before waiting for work)
         self.rss_cap: int | None = spec.recycle_rss  # lowered after the first job
         self.pid = os.getpid()
         self.reader = protocol.FrameReader(spec.max_frame)
@@ -161,6 +167,11 @@ class _Worker:
         if os.getppid() != self.spec.parent_pid:
             raise _Exit(exitcodes.PARENT_GONE, "the parent exited before PDEATHSIG was set")
         self._apply_limits()
+        if self.spec.hard_deadline is not None:
+            try:
+                self.alarm = limits.DeadlineAlarm()
+            except (OSError, AttributeError) as exc:  # no POSIX timers: the parent's kill only
+                _say(self.spec, f"no deadline alarm ({exc}); the supervisor's kill only")
         proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
         self._send(protocol.Ready(os.getpid()))
 
@@ -231,7 +242,11 @@ class _Worker:
         return self.inbox.popleft()
 
     def _idle_title(self) -> None:
-        """Say idle, unless the title already does (it is not rewritten between jobs)."""
+        """Say idle, unless the title already does (it is not rewritten between jobs); and
+        disarm the deadline alarm (no job runs)."""
+        if self.alarm_armed:
+            self.alarm.arm(0)
+            self.alarm_armed = False
         if self.busy_title:
             proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
             self.busy_title = False
@@ -298,6 +313,11 @@ class _Worker:
             why = f"payload is not valid JSON: {exc}"
             return self._failed(job, Outcome(error_kind=protocol.PERMANENT, message=why))
         limits.reset_peak_rss()
+        if self.alarm is not None and spec.hard_deadline is not None:
+            # the kernel's backstop: a job past this dies with its worker even if the parent
+            # cannot kill it (stopped, descheduled, a bug); one system call a job
+            self.alarm.arm(spec.hard_deadline)
+            self.alarm_armed = True
         proctitle.set_title(proctitle.title_busy(spec.pool, spec.slot, job.job_id, job.kind, 0))
         self.busy_title = True
         token = context.bind(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from supervisor.model import ErrorKind
 from supervisor.policy import KillKind, KillReason
 from workers import exitcodes
+from workers.limits import DEADLINE_SIGNAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,13 @@ def classify_exit(status: int, reason: KillReason | None) -> ExitVerdict:
     """How a worker that was running a job ended: the parent's kill reason wins (it knows
     why it killed), otherwise the worker crashed on its own, whatever its exit code."""
     how = describe_status(status)
+    if reason is None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == DEADLINE_SIGNAL:
+        return ExitVerdict(
+            "fail",
+            ErrorKind.TIMEOUT,
+            "ran past its timeout: ended by its worker's own deadline alarm (the supervisor's "
+            "kill had not come)",
+        )
     if reason is None:
         hint = ""
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:

@@ -355,6 +355,10 @@ class Fleet:
         self.read_worker(worker, now)  # its last frames (results may precede its death)
         self.loop.unwatch(worker.fd)
         worker.sock.close()
+        # what its job started dies with it, however it ended (its deadline alarm, a crash);
+        # the group's id stays reserved while any member lives, so this reaches only them
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pid, signal.SIGKILL)
         self.memcg.worker_exited(worker, status, now)  # a kernel OOM kill becomes memory_limit
         if worker.kill_reason is not None:
             self.counters.worker_kills[(pool.name, worker.kill_reason.kind)] += 1

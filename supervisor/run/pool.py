@@ -19,6 +19,10 @@ from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
 from supervisor.run.workerproc import WorkerHandle, WorkerState
 from workers.runtime import WorkerSpec
 
+# seconds past timeout + soft_timeout at which a worker ends itself (its deadline alarm), if
+# the supervisor's own kill, due a second or two earlier, has not come
+HARD_DEADLINE_GRACE = 3.0
+
 log = logging.getLogger("fleetd.pool")
 
 
@@ -91,6 +95,7 @@ class Pool:
             nproc_limit=c.nproc_limit,
             user=c.user,
             group=c.group,
+            hard_deadline=c.timeout + (c.soft_timeout or 0.0) + HARD_DEADLINE_GRACE,
         )
 
     def worker_gone(self, worker: WorkerHandle, booted: bool, now: float) -> None:

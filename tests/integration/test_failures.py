@@ -126,3 +126,21 @@ def test_a_soft_timeout_lets_the_handler_clean_up_and_the_worker_lives_on(
     (done,) = fleet.wait_final([after], watch=[sup])
     assert done.state == JobState.DONE
     assert fleet.executions(after)[0]["pid"] == run["pid"]  # same worker: not killed
+
+
+def test_a_hang_the_supervisor_cannot_kill_ends_by_its_workers_own_alarm(
+    fleet: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's backstop: with the supervisor's timeout kill made to fail (test-only
+    FLEETD_TEST_NO_KILL), the worker's own deadline alarm ends it at timeout + soft window +
+    3 s (without it the hang would run forever), and the job fails as timeout."""
+    monkeypatch.setenv("FLEETD_TEST_NO_KILL", "timeout")
+    fleet.configure(POOLS)
+    sup = fleet.start()
+    job_id = fleet.enqueue("hang", {})
+    (job,) = fleet.wait_final([job_id], timeout=20, watch=[sup])
+
+    assert job.state == JobState.DEAD and job.error_kind == ErrorKind.TIMEOUT, job
+    (run,) = fleet.executions(job_id)
+    assert job.finished_at is not None
+    assert TIMEOUT + 3.0 <= job.finished_at - run["start"] <= TIMEOUT + 3.0 + 1.0, job

@@ -10,6 +10,7 @@ job ends with the right outcome and none is lost; a job that was only running is
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 from supervisor.model import ErrorKind, JobState
 from supervisor.store import open_store
 from tests.integration.fleet import Harness, alive, handlers
+from tests.integration.test_observability import free_port, get
 from tests.support.databases import postgres_schema_url
 from tests.support.tcpproxy import TcpProxy
 from tests.support.wait import eventually
@@ -133,7 +135,8 @@ def test_a_stalled_database_stops_no_kill_no_drain_and_loses_nothing(
     stalled: tuple[Harness, Stall],
 ) -> None:
     fleet, stall = stalled
-    fleet.configure(POOLS, grace_period=f"{GRACE:g}s")
+    port = free_port()
+    fleet.configure(POOLS, grace_period=f"{GRACE:g}s", metrics=f"127.0.0.1:{port}")
     sup = fleet.start()
     sup.wait_workers(fleet.store, "work", 2)
     sup.wait_workers(fleet.store, "long", 1)
@@ -159,6 +162,11 @@ def test_a_stalled_database_stops_no_kill_no_drain_and_loses_nothing(
         # SIGTERM during the stall: the drain runs on time and the supervisor exits within
         # grace + 12 s (its releases written when the database answers, or left to expire)
         time.sleep(max(0.0, stalled_at + 6.0 - time.monotonic()))
+        # /healthz answers from the loop, and says for how long the store has sat on a call
+        status, body = get(port, "/healthz")
+        assert status == 200, body
+        waiting = json.loads(body)["store"]["waiting_for"]
+        assert waiting is not None and waiting >= 3.0, body
         # waiting is not spinning: the loop sleeps until a reply, a timer or a signal
         busy = sum(parent.cpu_times()[:2]) - cpu_before
         assert busy < 0.5 * (time.monotonic() - stalled_at), f"{busy:.1f}s of CPU in the stall"

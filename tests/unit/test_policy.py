@@ -224,3 +224,11 @@ def test_recent_duration_rises_at_once_and_falls_slowly() -> None:
         est = recent_duration(est, 0.0001)
         fast += 1
     assert 100 < fast < 300  # ...and resumes only after a long run of fast jobs
+
+
+def test_a_worker_ended_by_its_own_deadline_alarm_ran_past_its_timeout() -> None:
+    from workers.limits import DEADLINE_SIGNAL
+
+    verdict = classify_exit(int(DEADLINE_SIGNAL), None)  # a wait status: killed by it
+    assert verdict.action == "fail" and verdict.error_kind is ErrorKind.TIMEOUT
+    assert "own deadline alarm" in verdict.message
