@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         "pickup max",
         "enqueue→done p50",
         "parent CPU/1k jobs",
+        "store procs CPU/1k",
     ):
         table.add_column(name, justify="right")
     for engine in engines:
@@ -141,7 +142,7 @@ memory_limit = false
     with Client.from_config(config) as client:
         ids = client.enqueue_many([("noop", {}) for _ in range(args.jobs)])
         with running_supervisor(config, folder / "log") as proc:
-            rate, cpu_per_job = _throughput(client, ids, psutil.Process(proc.pid))
+            rate, cpu = _throughput(client, ids, psutil.Process(proc.pid))
             pickups, round_trips = _pickups(client, args.pickups)
     q = (
         statistics.quantiles(pickups, n=100, method="inclusive")
@@ -155,16 +156,17 @@ memory_limit = false
         _ms(q[98]),
         _ms(max(pickups)),
         _ms(statistics.median(round_trips)),
-        "n/a (drain too short)" if cpu_per_job is None else _ms(cpu_per_job * 1000),
+        *(["n/a (drain too short)"] * 2 if cpu is None else [_ms(c * 1000) for c in cpu]),
     ]
 
 
 def _throughput(
     client: Client, ids: list[int], parent: psutil.Process
-) -> tuple[float, float | None]:
-    """Jobs per second of the drain, and the supervisor's own CPU seconds per job over it
-    (user + system, from the first finished job to the last: its boot excluded)."""
-    first_done: tuple[float, int] | None = None
+) -> tuple[float, tuple[float, float] | None]:
+    """Jobs per second of the drain, and CPU seconds per job over it of the supervisor and
+    of its store processes (user + system, from the first finished job to the last: its boot
+    excluded)."""
+    first_done: tuple[tuple[float, float], int] | None = None
     while client.get(ids[-1]).state is not JobState.DONE:
         if first_done is None and client.get(ids[0]).state is JobState.DONE:
             first_done = (_cpu(parent), _done(client))
@@ -174,15 +176,25 @@ def _throughput(
     done_end = sum(1 for j in jobs if j.state is JobState.DONE)  # stats() caps its counts
     cpu_per_job = None  # the drain ended before a first reading: too short to tell
     if first_done is not None and done_end > first_done[1]:
-        cpu_per_job = (cpu_end - first_done[0]) / (done_end - first_done[1])
+        n = done_end - first_done[1]
+        cpu_per_job = tuple((e - b) / n for e, b in zip(cpu_end, first_done[0], strict=True))
     first = min(j.started_at for j in jobs if j.started_at)
     last = max(j.finished_at for j in jobs if j.finished_at)
-    return len(jobs) / (last - first), cpu_per_job
+    return len(jobs) / (last - first), cpu_per_job  # type: ignore[return-value]
 
 
-def _cpu(proc: psutil.Process) -> float:
+def _cpu(proc: psutil.Process) -> tuple[float, float]:
+    """CPU seconds so far of the supervisor itself, and of its store processes."""
     times = proc.cpu_times()
-    return times.user + times.system
+    store = 0.0
+    for child in proc.children():
+        try:
+            if child.name().startswith("fleetd: store"):
+                t = child.cpu_times()
+                store += t.user + t.system
+        except psutil.Error:
+            continue
+    return times.user + times.system, store
 
 
 def _done(client: Client) -> int:

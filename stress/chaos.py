@@ -663,7 +663,11 @@ class Chaos:
             if self.staller.active:
                 return False  # one at a time
             seconds = round(self.rng.uniform(1.0, 6.0), 2)
-            self.staller.begin(seconds)
+            try:
+                self.staller.begin(seconds)
+            except RuntimeError as exc:  # no stall happened: none is recorded
+                self.note("stall_failed", why=str(exc))
+                return True
             self.note("stall", seconds=seconds)
             return True
         if ev.what == "supervisor_kill":
@@ -707,6 +711,8 @@ class Chaos:
             self.note(ev.what, node=node.name, pid=node.pid)
             return True
         if ev.what == "join":
+            if self.staller is not None and self.staller.active:
+                return False  # a PostgreSQL supervisor cannot boot through a stall (5 s)
             guest = self.start_node(None)
             stay = self.rng.uniform(0.08, 0.15) * self.s.duration
             self.pending.append(Event(self.elapsed() + max(stay, 6.0), "leave", guest))
@@ -780,9 +786,12 @@ class Chaos:
             )
             if node.run.how == "drain":
                 slot = next(k for k, v in self.slots.items() if v is node)
-                self.start_node(slot)
+                self.restarts.append((self.elapsed(), slot))  # at once, but not in a stall
+        stalled = self.staller is not None and self.staller.active
         for at, slot in list(self.restarts):
-            if self.elapsed() >= at:
+            # a supervisor booting through a stall gives up connecting (exit 2 after the
+            # 5 s connect timeout): the restart waits for the stall's end
+            if self.elapsed() >= at and not stalled:
                 self.restarts.remove((at, slot))
                 self.start_node(slot)
         for node in self.nodes:  # a supervisor that died without being told to: a violation,
@@ -968,7 +977,7 @@ class Chaos:
             timed_out=self.timed_out,
             db_restarts=self.db_restarts,
             stalls=self.stalls,
-            timeouts={p.name: p.timeout for p in config.pools.values()},
+            timeouts={p.name: p.timeout + (p.soft_timeout or 0.0) for p in config.pools.values()},
         )
         with open(self.folder / "nodes.json", "w") as f:
             json.dump([asdict(n) for n in ev.nodes], f, indent=1)

@@ -19,6 +19,8 @@ import sys
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+from sqlalchemy.engine import make_url
+
 from stress.chaos_checks import DbRestart
 from stress.tcpproxy import TcpProxy
 
@@ -62,14 +64,17 @@ class Staller:
         if self.proxy is not None:
             self.proxy.stall()
         else:
-            path = self.url.removeprefix("sqlite:///")
+            path = make_url(self.url).database or ""
             self.locker = subprocess.Popen(
                 [sys.executable, "-c", LOCKER, path, str(seconds)],
                 stdout=subprocess.PIPE,
                 text=True,
             )
             assert self.locker.stdout is not None
-            self.locker.stdout.readline()  # "locked" (or "" if it failed: then no stall)
+            if self.locker.stdout.readline().strip() != "locked":  # no stall: say so
+                self.locker.wait()
+                self.locker = None
+                raise RuntimeError(f"chaos: could not take the write lock of {path}")
         self.began = time.time()
         self.ends = time.monotonic() + seconds
 

@@ -47,6 +47,7 @@ watchdog stops the gradual bomb at ``memory_limit``; the rlimit bounds the watch
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import os
 import re
 import resource
@@ -304,7 +305,11 @@ class DeadlineAlarm:
     started (the parent kills the worker's process group when it reaps it)."""
 
     def __init__(self) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
+        signal.signal(DEADLINE_SIGNAL, signal.SIG_DFL)  # not ignored, whatever we inherited
+        libc = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(libc, "timer_create"):  # glibc before 2.34 keeps it in librt
+            libc = ctypes.CDLL(ctypes.util.find_library("rt"), use_errno=True)
+        self._libc = libc
         self._timer = ctypes.c_void_p()
         event = _Sigevent(sigev_signo=int(DEADLINE_SIGNAL), sigev_notify=_SIGEV_SIGNAL)
         created = self._libc.timer_create(
@@ -320,4 +325,5 @@ class DeadlineAlarm:
         whole = int(seconds)
         self._spec.it_value.tv_sec = whole
         self._spec.it_value.tv_nsec = int((seconds - whole) * 1e9)
-        self._settime(self._timer, 0, ctypes.byref(self._spec), None)
+        if self._settime(self._timer, 0, ctypes.byref(self._spec), None) != 0:
+            raise OSError(ctypes.get_errno(), "timer_settime failed")

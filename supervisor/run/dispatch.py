@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from supervisor.clock import Clock
-from supervisor.model import Ack, Claimed, ErrorKind, Failure, Lease, RetryBudget
+from supervisor.model import ErrorKind, Failure, Lease, RetryBudget
 from supervisor.plans import Room, claim_size
 from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
@@ -39,6 +39,7 @@ from supervisor.run.exits import classify_exit
 from supervisor.run.leases import Buffered, LeaseKeeper
 from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
+from supervisor.run.storecalls import claimed_job
 from supervisor.run.storelink import Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
@@ -139,7 +140,7 @@ class Dispatcher:
         limits = pool.limits
         self.claiming.add(pool.name)
         self.link.submit(
-            "claim",
+            "claim_rows",
             pool=pool.name,
             kinds=pool.kinds,
             n=want,
@@ -157,7 +158,7 @@ class Dispatcher:
             self.health.failed(now, "claim", reply.error)
             return
         self.health.ok()
-        got: list[Claimed] = reply.value
+        got = [claimed_job(row) for row in reply.value]
         expires = reply.started + pool.config.lease  # the lease runs out no earlier
         for claimed in got:
             if self.draining:  # claimed while a drain began: hand it back untouched
@@ -263,9 +264,9 @@ class Dispatcher:
                 self._failure(pool, job, ErrorKind.PERMANENT, str(exc), msg.peak_rss, msg.duration)
                 self._job_over(pool, worker, msg.duration, now)
                 return
-            self.outbox.ack(
-                pool.name, Ack(job.claimed.lease, result, msg.peak_rss, msg.duration), now
-            )
+            lease = job.claimed.lease
+            row = (pool.name, lease.job_id, lease.token, result, msg.peak_rss, msg.duration)
+            self.outbox.ack(pool.name, row, now)
             self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
             if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
                 log_job(

@@ -50,7 +50,7 @@ from supervisor.run.scaler import Scaler
 from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
 from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
-from workers import protocol
+from workers import exitcodes, protocol
 
 log = logging.getLogger("fleetd.supervisor")
 
@@ -220,13 +220,17 @@ class Fleet:
         # out: the reply wakes the selector, and counting it would spin the loop meanwhile
         due = [
             self.next_publish,
-            *(t for name, t in d.next_heartbeat.items() if name not in d.extending),
+            *(
+                max(t, d.store_retry_at)  # a call due during a backoff waits for its end
+                for name, t in d.next_heartbeat.items()
+                if name not in d.extending
+            ),
         ]
         if not self.drain.active:  # a drain neither scales nor reaps: their timers stand
             if not self.scaler.reading:
                 due.append(self.scaler.next_eval)
             if not self.housekeeping.reaping:
-                due.append(self.housekeeping.next_reap)
+                due.append(max(self.housekeeping.next_reap, d.store_retry_at))
         if d.outbox.todo and d.outbox.writing is None:
             due.append(max(d.acks_due, d.store_retry_at))
         for pool in self.pools.values():
@@ -275,7 +279,7 @@ class Fleet:
                 due.append(process.respawn_at)
                 continue
             since = process.waiting_since()
-            if since is not None:
+            if since is not None and not process.killed:  # killed: its reaping wakes the loop
                 due.append(since + CALL_LIMIT)
             if process.outbox:
                 due.append(now + 0.01)
@@ -334,12 +338,21 @@ class Fleet:
 
     def reap_children(self, now: float) -> None:
         while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+            try:  # look first (WNOWAIT): the zombie keeps its process group's id reserved
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None:
                 return
+            if _ended_abnormally(info) and any(
+                info.si_pid in p.workers for p in self.pools.values()
+            ):
+                # what its job started dies with it (a crash, its deadline alarm, a kill);
+                # a clean exit keeps its helpers (multiprocessing's resource tracker
+                # unlinks what the job left in /dev/shm once the worker is gone)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(info.si_pid, signal.SIGKILL)
+            pid, status = os.waitpid(info.si_pid, 0)
             process = next((p for p in self.processes if p.pid == pid), None)
             if process is not None:
                 process.exited(status, now)
@@ -355,10 +368,6 @@ class Fleet:
         self.read_worker(worker, now)  # its last frames (results may precede its death)
         self.loop.unwatch(worker.fd)
         worker.sock.close()
-        # what its job started dies with it, however it ended (its deadline alarm, a crash);
-        # the group's id stays reserved while any member lives, so this reaches only them
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(worker.pid, signal.SIGKILL)
         self.memcg.worker_exited(worker, status, now)  # a kernel OOM kill becomes memory_limit
         if worker.kill_reason is not None:
             self.counters.worker_kills[(pool.name, worker.kill_reason.kind)] += 1
@@ -618,3 +627,10 @@ def _wait_child(pid: int, deadline: float) -> None:
         if done or time.monotonic() >= deadline:
             return
         time.sleep(0.01)
+
+
+def _ended_abnormally(info: os.waitid_result) -> bool:
+    """Killed by a signal, or exited with a code other than a clean stop or a recycle."""
+    if info.si_code != os.CLD_EXITED:
+        return True
+    return info.si_status not in (exitcodes.OK, exitcodes.RECYCLE)

@@ -23,7 +23,7 @@ from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, FailOutcome, Failure, Lease
 from supervisor.observe.logs import job_event
 from supervisor.run.counters import Counters
-from supervisor.run.storecalls import Results, Written
+from supervisor.run.storecalls import AckRow, Results, Written, ack_of
 from supervisor.run.storelink import Reply
 from supervisor.storable import storable_message
 
@@ -87,10 +87,11 @@ class Outbox:
 
     # ---- adding ------------------------------------------------------------------------
 
-    def ack(self, pool: str, ack: Ack, now: float) -> None:
+    def ack(self, pool: str, ack: AckRow, now: float) -> None:
+        """A result to write: (pool, job id, lease token, result JSON, peak RSS, duration)."""
         if not self.todo.acks:
             self.acks_due = now + ACK_WAIT
-        self.todo.acks.append((pool, ack))
+        self.todo.acks.append(ack)
 
     def fail(self, pool: str, failure: Failure, claimed: Claimed) -> None:
         self.todo.fails.append((pool, failure))
@@ -141,8 +142,9 @@ class Outbox:
         for fails, outcome in out.failed:
             self._record_fails(outcome, fails)
         self.counters.releases += len(out.released)
-        for pool, ack, why in out.refused_acks:
-            self._refused(pool, ack.lease, ErrorKind.PERMANENT, _ack_refused(why), ack)
+        for row, why in out.refused_acks:
+            ack = ack_of(row)
+            self._refused(row[0], ack.lease, ErrorKind.PERMANENT, _ack_refused(why), ack)
         for pool, failure, why in out.refused_fails:
             if failure.message.startswith(REFUSED):
                 # even fleetd's own message was refused: the lease expires into a reaper
@@ -208,7 +210,7 @@ class Outbox:
 
 def _pools(results: Results) -> set[str]:
     """The pools with a result in ``results`` (a capped pool's written result frees room)."""
-    return {p for p, _ in results.acks} | {p for p, _ in results.fails}
+    return {a[0] for a in results.acks} | {p for p, _ in results.fails}
 
 
 def _ack_refused(why: str) -> str:

@@ -111,7 +111,7 @@ def test_the_loop_sleeps_while_a_claim_is_answered(made) -> None:
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
     now = fleet.clock.monotonic()
     fleet.dispatcher.claim(pool, now)
-    assert link.names() == ["claim"]
+    assert link.names() == ["claim_rows"]
     quiet(fleet, now)
     pool.next_poll_at = now - 1  # its poll was due: that is why it claimed
     assert fleet.next_timeout() > 1.0  # the reply wakes the selector; no spinning meanwhile

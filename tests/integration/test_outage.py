@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
 import pytest
 
 from supervisor.model import ErrorKind, JobState
@@ -104,3 +105,37 @@ def test_an_outage_longer_than_the_lease_kills_the_job_and_it_runs_again(
     runs = fleet.executions(job_id)
     assert [r["attempt"] for r in runs] == [2]  # the killed run never finished
     assert "lease" in sup.log()
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["a-job-running", "idle"])
+def test_the_loop_sleeps_through_an_outage_whose_calls_fail_fast(
+    fleet: Harness, proxy: TcpProxy, busy: bool
+) -> None:
+    """The database refuses connections for 12 s (every call fails at once): the loop backs
+    off between calls and sleeps meanwhile. A heartbeat or a reap falling due during a backoff
+    once kept the loop at ~100 % CPU for the whole outage."""
+    fleet.configure(
+        {
+            "work": {
+                "handlers": handlers("sleep", "echo"),
+                "min_workers": 1,
+                "max_workers": 1,
+                "lease": "30s",
+                "heartbeat": "1s",
+                "max_deliveries": 3,
+            }
+        }
+    )
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "work", 1)
+    if busy:
+        job = fleet.enqueue("sleep", {"seconds": 25})
+        fleet.wait_state([job], JobState.LEASED)
+    parent = psutil.Process(sup.pid)
+    proxy.cut()
+    t0, cpu0 = time.monotonic(), sum(parent.cpu_times()[:2])
+    time.sleep(12)
+    used, wall = sum(parent.cpu_times()[:2]) - cpu0, time.monotonic() - t0
+    proxy.restore()
+    assert used < 0.3 * wall, f"{used:.1f}s of supervisor CPU in {wall:.1f}s of outage"
+    sup.check_alive()
