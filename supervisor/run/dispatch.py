@@ -40,7 +40,7 @@ from supervisor.run.leases import Buffered, LeaseKeeper
 from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
 from supervisor.run.storecalls import claimed_job
-from supervisor.run.storelink import Reply
+from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
 from supervisor.units import format_duration
@@ -83,6 +83,7 @@ class Dispatcher:
             self.retries_due[name] = []
         self.claiming: set[str] = set()  # pools with a claim in flight
         self.woken: set[str] = set()  # pools woken while their claim was in flight
+        self.armed: set[str] = set()  # pools whose claim waits in the store for a NOTIFY
         self.draining = False  # nothing more is handed out; late claims go back at once
 
     @property
@@ -108,7 +109,9 @@ class Dispatcher:
         flight, right after its reply: that claim may have missed them)."""
         pool.empty_claims = 0
         pool.next_poll_at = 0.0
-        if pool.name in self.claiming:
+        if pool.name in self.armed:  # the wake-up reached the loop, not the store process
+            self.link.submit(FIRE, pool.name, on_reply=lambda reply: None)
+        if pool.name in self.claiming:  # it may have missed them: claim again after it
             self.woken.add(pool.name)
 
     def claim(self, pool: Pool, now: float) -> None:
@@ -131,28 +134,53 @@ class Dispatcher:
         want = claim_size(rooms, depth=depth, prefetch=pool.config.prefetch, buffered=buffered)
         if not want:
             return
-        if now < pool.next_poll_at or now < self.health.retry_at:
+        if now < self.health.retry_at:
             return
         due = self.retries_due[pool.name]
+        # a pool whose last claim found nothing arms its next one in the store process, which
+        # runs it the moment a NOTIFY names the pool (or when its poll is due): the pickup
+        # saves a round trip to the loop (PostgreSQL; capped pools wake on freed room here)
+        arm = (
+            now < pool.next_poll_at
+            and pool.empty_claims > 0
+            and getattr(self.link, "arms_claims", False)
+            and not pool.limits.capped
+            and not self.draining
+        )
+        if now < pool.next_poll_at and not arm:
+            return
         while due and due[0] <= now:  # this claim sees those retries
             heapq.heappop(due)
         c = pool.config
         limits = pool.limits
+        claim = {
+            "pool": pool.name,
+            "kinds": pool.kinds,
+            "n": want,
+            "node": self.node_id,
+            "lease": c.lease,
+            "limits": limits if limits.capped else None,
+            "budget": _budget(c.retry_budget),
+        }
         self.claiming.add(pool.name)
+        if arm:
+            self.armed.add(pool.name)
+            wait = min(pool.next_poll_at, due[0] if due else math.inf) - now
+            self.link.submit(
+                ARMED_CLAIM,
+                pool.name,
+                max(0.0, wait),
+                on_reply=lambda reply: self._claimed(pool, want, reply),
+                **claim,
+            )
+            return
         self.link.submit(
-            "claim_rows",
-            pool=pool.name,
-            kinds=pool.kinds,
-            n=want,
-            node=self.node_id,
-            lease=c.lease,
-            limits=limits if limits.capped else None,
-            budget=_budget(c.retry_budget),
-            on_reply=lambda reply: self._claimed(pool, want, reply),
+            "claim_rows", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
         )
 
     def _claimed(self, pool: Pool, want: int, reply: Reply) -> None:
         self.claiming.discard(pool.name)
+        self.armed.discard(pool.name)
         now = self.clock.monotonic()
         if reply.error is not None:
             self.health.failed(now, "claim", reply.error)
@@ -384,6 +412,7 @@ class Dispatcher:
         those queued in workers as the workers return them (``Returned``), or when they exit;
         those of a claim still in flight when its reply comes."""
         self.draining = True
+        self.disarm()
         for queue in self.buffer.values():
             for item in queue:
                 self.outbox.release(item.claimed.lease)
@@ -393,6 +422,12 @@ class Dispatcher:
                 if worker.queued and worker.kill_reason is None:
                     with contextlib.suppress(OSError, TimeoutError):
                         worker.send(protocol.Release(), timeout=0.0)
+
+    def disarm(self) -> None:
+        """Have every armed claim run now (a drain, an emergency stop): their replies come
+        at once, and what they took is released, instead of up to a poll interval later."""
+        if self.armed:
+            self.link.submit(DISARM, on_reply=lambda reply: None)
 
     def running_leases(self) -> Iterator[Lease]:
         """The leases of every job sent to a worker (running or queued behind)."""

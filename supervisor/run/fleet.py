@@ -441,6 +441,7 @@ class Fleet:
         ``WRITE_PATIENCE``. What still cannot be written expires into a reaper."""
         d = self.dispatcher
         d.draining = True  # a claim answered from here on is released at once
+        d.disarm()
         workers = [w for p in self.pools.values() for w in p.workers.values()]
         for worker in workers:
             worker.kill(

@@ -43,6 +43,11 @@ def claim_rows(store: Any, **kwargs: Any) -> list[ClaimRow]:
     ]
 
 
+def claim_rows_none(store: Any) -> list[ClaimRow]:
+    """Nothing (the answer to a DISARM, after the armed claims it ran)."""
+    return []
+
+
 def claimed_job(row: ClaimRow) -> Claimed:
     return Claimed(Lease(row[0], row[1]), *row[2:])
 
@@ -199,6 +204,7 @@ def scaler_read(store: Any, pools: list[str], window: float) -> tuple[Any, Any, 
 
 PROCEDURES = {
     "claim_rows": claim_rows,
+    "claim_rows_none": claim_rows_none,
     "write_results": write_results,
     "reap_described": reap_described,
     "observer_read": observer_read,

@@ -44,6 +44,11 @@ log = logging.getLogger("fleetd.store")
 
 CALL_LIMIT = 90.0  # seconds a call may stay unanswered before the store process is replaced
 SLOW_CALL = 1.0  # seconds: a call that took longer is logged by the store process
+# an armed claim (PostgreSQL): run by the store process the moment a NOTIFY names its pool,
+# or when the pool's poll is due, whichever is first; DISARM runs every armed claim now
+ARMED_CLAIM = "claim_on_wake"
+DISARM = "disarm"
+FIRE = "fire"  # run one pool's armed claim now
 RESPAWN_BACKOFF = (0.2, 5.0)  # first and longest wait before forking a dead store process again
 _HEADER = struct.Struct("!I")
 _WAKE = -1  # request id of an unsolicited message: pools named by a NOTIFY
@@ -89,6 +94,8 @@ class InlineLink:
         self.store = store
         self.monotonic = monotonic
         self.on_wake: Callable[[set[str]], None] = lambda pools: None
+
+    arms_claims = False  # a claim never waits for a wake-up inline
 
     def submit(self, call: str, *args: Any, on_reply: OnReply, **kwargs: Any) -> None:
         on_reply(execute(self.store, call, args, kwargs, self.monotonic))
@@ -228,6 +235,11 @@ class ProcessLink:
 
     # ---- calls ---------------------------------------------------------------------------
 
+    @property
+    def arms_claims(self) -> bool:
+        """Whether a claim may wait in the store process for a NOTIFY (``ARMED_CLAIM``)."""
+        return self.listen
+
     def submit(self, call: str, *args: Any, on_reply: OnReply, **kwargs: Any) -> None:
         """Send a call; ``on_reply`` runs from the loop when it is answered (with a
         StoreUnavailable error if the store process is not running or dies first)."""
@@ -237,7 +249,9 @@ class ProcessLink:
         self.next_id += 1
         request = (self.next_id, call, args, kwargs)
         body = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        self.calls[self.next_id] = (call, time.monotonic(), on_reply)
+        # an armed claim is due only when its pool's poll is: not a call the store sits on
+        due = time.monotonic() + (args[1] if call == ARMED_CLAIM else 0.0)
+        self.calls[self.next_id] = (call, due, on_reply)
         self.outbox += _HEADER.pack(len(body)) + body
         self._send()
 
@@ -245,7 +259,8 @@ class ProcessLink:
         return len(self.calls)
 
     def waiting_since(self) -> float | None:
-        """When the oldest unanswered call was sent (monotonic), or None."""
+        """When the oldest unanswered call was due (monotonic: when it was sent, or for an
+        armed claim, when its pool's poll is), or None."""
         return min((sent for _, sent, _ in self.calls.values()), default=None)
 
     def wait_idle(self, timeout: float) -> bool:
@@ -370,15 +385,32 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
     setproctitle(f"fleetd: store [{title}]")
     store = open_store(database, migrate=False, bounded=True)  # the parent migrated it
     waker = _Listener(store) if listen else None
+    armed: dict[str, tuple[int, dict[str, Any], float]] = {}  # pool -> (id, claim, deadline)
     sock.setblocking(True)
     inbox = bytearray()
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
+
+    def run(req_id: int, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        reply = execute(store, call, args, kwargs, time.monotonic)
+        took = time.monotonic() - reply.started
+        if took > SLOW_CALL:
+            log.warning("store call %s took %.1fs", call, took)
+        _reply(sock, req_id, reply)
+
+    def fire(pool: str) -> None:
+        req_id, claim, _ = armed.pop(pool)
+        run(req_id, "claim_rows", (), claim)
+
     try:
         while True:
             if waker is not None:
                 waker.register(sel)
-            for key, _ in sel.select(timeout=1.0 if waker is not None else None):
+            timeout = 1.0 if waker is not None else None
+            if armed:
+                soonest = min(deadline for _, _, deadline in armed.values())
+                timeout = max(0.0, min(timeout or 1.0, soonest - time.monotonic()))
+            for key, _ in sel.select(timeout=timeout):
                 if key.fileobj is sock:
                     data = sock.recv(1 << 20)
                     if not data:
@@ -386,14 +418,27 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
                     inbox += data
             if waker is not None:
                 pools = waker.drain(sel)
-                if pools:
-                    _reply(sock, _WAKE, pools)
+                for pool in pools & armed.keys():
+                    fire(pool)  # the claim runs here, a round trip to the loop sooner
+                if pools - armed.keys():
+                    _reply(sock, _WAKE, pools - armed.keys())
+            now = time.monotonic()
+            for pool in [p for p, (_, _, deadline) in armed.items() if deadline <= now]:
+                fire(pool)  # its poll is due: claim whether or not a wake-up came
             for req_id, call, args, kwargs in _frames(inbox):
-                reply = execute(store, call, args, kwargs, time.monotonic)
-                took = time.monotonic() - reply.started
-                if took > SLOW_CALL:
-                    log.warning("store call %s took %.1fs", call, took)
-                _reply(sock, req_id, reply)
+                if call == ARMED_CLAIM:  # args: the pool, seconds until its poll
+                    pool, wait = args
+                    armed[pool] = (req_id, kwargs, time.monotonic() + wait)
+                elif call == DISARM:  # every armed claim now (a drain): answered at once
+                    for pool in list(armed):
+                        fire(pool)
+                    run(req_id, "claim_rows_none", (), {})
+                elif call == FIRE:  # the loop learned of new jobs first (args: the pool)
+                    if args[0] in armed:
+                        fire(args[0])
+                    run(req_id, "claim_rows_none", (), {})
+                else:
+                    run(req_id, call, args, kwargs)
     except (BrokenPipeError, ConnectionResetError):
         return 0
     finally:

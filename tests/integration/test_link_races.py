@@ -322,3 +322,39 @@ def test_the_loop_sleeps_while_the_scaler_and_the_reaper_wait_for_figures(made) 
     quiet(fleet, now)
     fleet.scaler.next_eval = fleet.housekeeping.next_reap = now - 1  # due again meanwhile
     assert fleet.next_timeout() > 1.0
+
+
+@pytest.mark.postgres
+def test_an_armed_claim_runs_when_a_notify_names_its_pool(tmp_path: Path) -> None:
+    """PostgreSQL: a claim armed in the store process waits for a NOTIFY of its pool (or its
+    poll), and runs the moment one comes: the job is claimed without a round trip to the
+    loop. DISARM runs every armed claim at once (a drain)."""
+    from supervisor.run.storelink import ARMED_CLAIM, DISARM
+    from tests.support.databases import database_url
+
+    with database_url("postgres", tmp_path) as url:
+        store = open_store(url)
+        link = ProcessLink(url, title="t", listen=True)
+        link.start(lambda: None)
+        try:
+            claim = {"pool": "p", "kinds": ["noop"], "n": 1, "node": "n1", "lease": 30.0}
+            got: list[Any] = []
+            link.submit(ARMED_CLAIM, "p", 30.0, on_reply=got.append, **claim)
+            behind: list[Any] = []  # answered in order: once it is, the claim is armed
+            link.submit("claim_rows_none", on_reply=behind.append)
+            while not behind:
+                link.wait_idle(0.05)
+            assert got == []  # armed, nothing to claim yet
+            (jid,) = store.enqueue_many([job()])  # its NOTIFY fires the armed claim
+            t0 = time.monotonic()
+            assert link.wait_idle(5.0)
+            assert time.monotonic() - t0 < 1.0, "ran at the NOTIFY, not at its 30 s poll"
+            assert [row[0] for row in got[0].value] == [jid]
+
+            late: list[Any] = []
+            link.submit(ARMED_CLAIM, "p", 30.0, on_reply=late.append, **claim)
+            link.submit(DISARM, on_reply=lambda reply: None)
+            assert link.wait_idle(5.0) and late[0].value == []
+        finally:
+            link.close(2.0)
+            store.close()
