@@ -561,6 +561,7 @@ class Fleet:
         self.next_publish = now + PUBLISH_EVERY
         if now >= self.dispatcher.store_retry_at:  # not while backing off from a failure
             self.observer.request(self.chores, now)
+        snapshot = self.snapshot_json()  # every tick: /healthz and /metrics serve it
         if self.heartbeat_in_flight:
             return  # the last one is not answered yet (a stalled store): the next will say it
         self.heartbeat_in_flight = True
@@ -569,7 +570,7 @@ class Fleet:
             "node_heartbeat",
             self.node_id,
             state=state,
-            snapshot=self.snapshot_json(),
+            snapshot=snapshot,
             on_reply=self.heartbeat_written,
         )
 

@@ -84,7 +84,7 @@ def fleetd(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 WORK = {
-    "handlers": handlers("echo", "boom", "hang", "sleep"),
+    "handlers": handlers("echo", "boom", "hang", "sleep", "hang_past_the_alarm"),
     "min_workers": 2,
     "max_workers": 2,
     "lease": "2s",
@@ -162,7 +162,7 @@ def test_healthz_catches_a_busy_worker_whose_kill_did_not_work(
     monkeypatch.setenv("FLEETD_TEST_NO_KILL", "timeout")  # the deadline kill is not sent
     sup = fleet.start()
     eventually(lambda: get(port, "/healthz")[0] == 200, timeout=10)
-    job = fleet.enqueue("hang")
+    job = fleet.enqueue("hang_past_the_alarm")  # and the worker's own alarm is ignored
 
     def unhealthy() -> dict | None:
         status, body = get(port, "/healthz")

@@ -135,6 +135,16 @@ def hang(payload: Payload) -> None:
         time.sleep(3600)
 
 
+def hang_past_the_alarm(payload: Payload) -> None:
+    """Sleep forever with the worker's own deadline alarm ignored: with the supervisor's kill
+    disabled too (FLEETD_TEST_NO_KILL), a worker that cannot be stopped, as one stuck in
+    uninterruptible sleep would be."""
+    from workers.limits import DEADLINE_SIGNAL
+
+    signal.signal(DEADLINE_SIGNAL, signal.SIG_IGN)
+    hang(payload)
+
+
 def hang_with_cleanup(payload: Payload) -> None:
     """Sleep forever, but write ``payload["cleanup"]`` from a ``finally`` block: shows that a
     soft timeout lets the handler clean up before the worker is killed."""
