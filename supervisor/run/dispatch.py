@@ -74,6 +74,7 @@ class Dispatcher:
         capped = {name for name, pool in pools.items() if pool.limits.capped}
         self.outbox = Outbox(link, capped, counters, self.health, clock.monotonic)
         self.outbox.on_freed = lambda name: self.wake(self.pools[name])
+        self.outbox.on_retry_due = self._retry_due
         self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
         self.leases = LeaseKeeper(link, pools, self.buffer, clock, counters, self.health)
         # when jobs this node failed become claimable again (monotonic, a heap per pool): an
@@ -114,6 +115,15 @@ class Dispatcher:
         if pool.name in self.claiming:  # it may have missed them: claim again after it
             self.woken.add(pool.name)
 
+    def _retry_due(self, name: str, at: float) -> None:
+        """A job this node failed becomes claimable at ``at``: poll the pool then (not at its
+        adaptive poll's next slow tick). An armed claim runs now and is not armed again while
+        retries are due (it waits for a NOTIFY, and a retry sends none)."""
+        pool = self.pools[name]
+        pool.next_poll_at = min(pool.next_poll_at, at)
+        if name in self.armed:
+            self.link.submit(FIRE, name, on_reply=lambda reply: None)
+
     def claim(self, pool: Pool, now: float) -> None:
         """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
         worker that holds nothing, or, for a pool that pipelines (short jobs), what its
@@ -146,6 +156,7 @@ class Dispatcher:
             and getattr(self.link, "arms_claims", False)
             and not pool.limits.capped
             and not self.draining
+            and not due
         )
         if now < pool.next_poll_at and not arm:
             return

@@ -84,6 +84,7 @@ class Outbox:
         self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
         self.retries_due: dict[str, list[float]] = {}  # pool -> heap of monotonic instants
         self.on_freed = lambda pool: None  # set by the dispatcher: wake a capped pool
+        self.on_retry_due = lambda pool, at: None  # set by the dispatcher: poll then
 
     # ---- adding ------------------------------------------------------------------------
 
@@ -184,9 +185,9 @@ class Outbox:
         for pool, f in fails:
             if f.lease.job_id in retried and f.retry_delay is not None:
                 later = f.budget.window if f.budget and f.lease.job_id in deferred else 0.0
-                heapq.heappush(
-                    self.retries_due.setdefault(pool, []), written + f.retry_delay + later
-                )
+                at = written + f.retry_delay + later
+                heapq.heappush(self.retries_due.setdefault(pool, []), at)
+                self.on_retry_due(pool, at)
             claimed = self.failed.pop(f.lease.job_id, None)
             if f.lease.job_id in dead:
                 self.counters.dead_letters[(pool, str(f.error_kind))] += 1
