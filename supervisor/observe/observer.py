@@ -124,7 +124,9 @@ class Observer:
             started_at=self.started_at,
             store_ok=dispatcher.store_failures == 0,
             store_failures=dispatcher.store_failures,
-            store_wait=None if store_waiting_since is None else now - store_waiting_since,
+            store_wait=(
+                None if store_waiting_since is None else max(0.0, now - store_waiting_since)
+            ),
             figures_age=None if self.stats_read_at is None else now - self.stats_read_at,
             pending_writes=dispatcher.pending_writes,
             lease_expiries=counters.lease_expiries,

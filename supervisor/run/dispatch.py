@@ -40,7 +40,7 @@ from supervisor.run.leases import Buffered, LeaseKeeper
 from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
 from supervisor.run.storecalls import claimed_job
-from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, Reply
+from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, RETIME, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
 from supervisor.units import format_duration
@@ -117,12 +117,13 @@ class Dispatcher:
 
     def _retry_due(self, name: str, at: float) -> None:
         """A job this node failed becomes claimable at ``at``: poll the pool then (not at its
-        adaptive poll's next slow tick). An armed claim runs now and is not armed again while
-        retries are due (it waits for a NOTIFY, and a retry sends none)."""
+        adaptive poll's next slow tick); an armed claim's deadline comes forward to it (a
+        retry sends no NOTIFY)."""
         pool = self.pools[name]
         pool.next_poll_at = min(pool.next_poll_at, at)
         if name in self.armed:
-            self.link.submit(FIRE, name, on_reply=lambda reply: None)
+            wait = max(0.0, at - self.clock.monotonic())
+            self.link.submit(RETIME, name, wait, on_reply=lambda reply: None)
 
     def claim(self, pool: Pool, now: float) -> None:
         """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
@@ -156,7 +157,6 @@ class Dispatcher:
             and getattr(self.link, "arms_claims", False)
             and not pool.limits.capped
             and not self.draining
-            and not due
         )
         if now < pool.next_poll_at and not arm:
             return
@@ -199,8 +199,11 @@ class Dispatcher:
         self.health.ok()
         got = [claimed_job(row) for row in reply.value]
         expires = reply.started + pool.config.lease  # the lease runs out no earlier
+        # an armed claim was sized when it was armed: by its reply the pool may have no
+        # worker left (scaled to zero, its last one dead); what nobody can run goes back
+        nobody = not any(w.state != WorkerState.STOPPING for w in pool.workers.values())
         for claimed in got:
-            if self.draining:  # claimed while a drain began: hand it back untouched
+            if self.draining or nobody:  # hand it back untouched
                 self.outbox.release(claimed.lease)
                 continue
             self.buffer[pool.name].append(Buffered(claimed, expires))

@@ -49,6 +49,7 @@ SLOW_CALL = 1.0  # seconds: a call that took longer is logged by the store proce
 ARMED_CLAIM = "claim_on_wake"
 DISARM = "disarm"
 FIRE = "fire"  # run one pool's armed claim now
+RETIME = "retime"  # bring one pool's armed claim's deadline forward
 RESPAWN_BACKOFF = (0.2, 5.0)  # first and longest wait before forking a dead store process again
 _HEADER = struct.Struct("!I")
 _WAKE = -1  # request id of an unsolicited message: pools named by a NOTIFY
@@ -418,10 +419,11 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
                     inbox += data
             if waker is not None:
                 pools = waker.drain(sel)
+                forward = pools - armed.keys()  # before firing: a fired pool needs no wake
                 for pool in pools & armed.keys():
                     fire(pool)  # the claim runs here, a round trip to the loop sooner
-                if pools - armed.keys():
-                    _reply(sock, _WAKE, pools - armed.keys())
+                if forward:
+                    _reply(sock, _WAKE, forward)
             now = time.monotonic()
             for pool in [p for p, (_, _, deadline) in armed.items() if deadline <= now]:
                 fire(pool)  # its poll is due: claim whether or not a wake-up came
@@ -436,6 +438,11 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
                 elif call == FIRE:  # the loop learned of new jobs first (args: the pool)
                     if args[0] in armed:
                         fire(args[0])
+                    run(req_id, "claim_rows_none", (), {})
+                elif call == RETIME:  # a retry comes due sooner (args: the pool, seconds)
+                    if args[0] in armed:
+                        held_id, claim, deadline = armed[args[0]]
+                        armed[args[0]] = (held_id, claim, min(deadline, time.monotonic() + args[1]))
                     run(req_id, "claim_rows_none", (), {})
                 else:
                     run(req_id, call, args, kwargs)

@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -337,24 +338,77 @@ def test_an_armed_claim_runs_when_a_notify_names_its_pool(tmp_path: Path) -> Non
         link = ProcessLink(url, title="t", listen=True)
         link.start(lambda: None)
         try:
-            claim = {"pool": "p", "kinds": ["noop"], "n": 1, "node": "n1", "lease": 30.0}
+            # a pool of its own: NOTIFY's channel is database-wide, other tests' pools too
+            pool = f"armed-{uuid.uuid4().hex[:8]}"
+            claim = {"pool": pool, "kinds": ["noop"], "n": 1, "node": "n1", "lease": 30.0}
             got: list[Any] = []
-            link.submit(ARMED_CLAIM, "p", 30.0, on_reply=got.append, **claim)
+            link.submit(ARMED_CLAIM, pool, 30.0, on_reply=got.append, **claim)
             behind: list[Any] = []  # answered in order: once it is, the claim is armed
             link.submit("claim_rows_none", on_reply=behind.append)
             while not behind:
                 link.wait_idle(0.05)
             assert got == []  # armed, nothing to claim yet
-            (jid,) = store.enqueue_many([job()])  # its NOTIFY fires the armed claim
+            (jid,) = store.enqueue_many([NewJob("noop", pool, "{}", 1)])  # its NOTIFY fires it
             t0 = time.monotonic()
             assert link.wait_idle(5.0)
             assert time.monotonic() - t0 < 1.0, "ran at the NOTIFY, not at its 30 s poll"
             assert [row[0] for row in got[0].value] == [jid]
 
             late: list[Any] = []
-            link.submit(ARMED_CLAIM, "p", 30.0, on_reply=late.append, **claim)
+            link.submit(ARMED_CLAIM, pool, 30.0, on_reply=late.append, **claim)
             link.submit(DISARM, on_reply=lambda reply: None)
             assert link.wait_idle(5.0) and late[0].value == []
         finally:
             link.close(2.0)
             store.close()
+
+
+class ArmLink(DeferLink):
+    """DeferLink with the store process's armed claims (a NOTIFY is ``notify(pool)``)."""
+
+    arms_claims = True
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.armed: dict[str, tuple[dict, Any]] = {}
+
+    def submit(self, call: str, *args: Any, on_reply: Any, **kwargs: Any) -> None:
+        from supervisor.run.storelink import ARMED_CLAIM
+
+        if call == ARMED_CLAIM:
+            self.armed[args[0]] = (kwargs, on_reply)
+        else:
+            super().submit(call, *args, on_reply=on_reply, **kwargs)
+
+    def notify(self, pool: str) -> None:
+        kwargs, on_reply = self.armed.pop(pool)
+        on_reply(execute(self.store, "claim_rows", (), kwargs, time.monotonic))
+
+
+def test_an_armed_claim_answered_after_the_pool_lost_its_workers_hands_its_jobs_back(
+    made,
+) -> None:
+    """An armed claim is sized when it is armed: scaled to zero meanwhile, the pool has no
+    worker to run what its NOTIFY claimed. It goes back at once, not into a buffer whose
+    leases would be extended for ever (the scaler sees no ready job, so no worker comes)."""
+    fleet, store, deferred = made(min_workers=0)
+    link = ArmLink(deferred.store)
+    d = fleet.dispatcher
+    d.link = d.leases.link = d.outbox.link = link
+    pool, worker = infleet.one_worker(fleet, short_jobs=False)
+    d.claim(pool, fleet.clock.monotonic())  # nothing queued: an empty claim
+    link.answer()
+    d.claim(pool, fleet.clock.monotonic())  # armed now
+    assert "p" in link.armed and "p" in d.armed
+    pool.target = 0  # the scaler takes the idle pool to zero
+    fleet.spawn(fleet.clock.monotonic())
+    infleet.wait_exited(worker.pid)
+    fleet.reap_children(fleet.clock.monotonic())
+    assert not pool.workers
+    (jid,) = store.enqueue_many([job()])
+    link.notify("p")  # its NOTIFY runs the armed claim
+    assert not d.buffer["p"]
+    d.flush(fleet.clock.monotonic(), force=True)
+    link.answer()
+    found = store.get(jid)
+    assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
