@@ -1,12 +1,15 @@
 """``Dispatcher``: moves jobs between the store and the workers, and keeps their leases.
 
-    store ──claim──> buffer ──RunJob──> worker ──JobDone/JobFailed──> outbox ──ack/fail──> store
-                       │                  │                             ^
-                       └── release (drain)┴── exit: classify ──fail/release┘
-    every heartbeat: one extend per pool for every lease held (buffer and workers); a lease
-    that was not extended (taken over, reaped) kills its worker: never run a job whose lease
-    you do not hold. So does a lease that ran out while the database was unreachable, or one
-    that reached max_lease_extensions (a timeout).
+    store ──claim (reply)──> buffer ──RunJob──> worker ──JobDone/JobFailed──> Outbox ──> store
+                               │                  │                             ^
+                               └── release (drain)┴── exit: classify ──fail/release┘
+    leases: ``LeaseKeeper`` (run/leases.py) extends them every heartbeat and kills a worker
+    whose lease is lost or ran out; results: ``Outbox`` (run/outbox.py), one batch in flight.
+
+Every store call is a message to a store process (run/storelink.py) answered later through the
+loop: one claim per pool is in flight at a time; its reply fills the buffer and hands out at
+once. On PostgreSQL an idle pool arms its claim in the store process, which runs it when a
+NOTIFY names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and ``DISARM`` adjust it).
 
 Claims pass the pool's fleet-wide caps (``ClaimLimits``) and retry budget to the store, which
 enforces both for every host at once; failures carry the budget too. Claims are sized by the

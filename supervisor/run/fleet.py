@@ -1,18 +1,23 @@
 """``Fleet``: the supervisor process. One thread, one loop; it forks every worker.
 
     ┌───────────── Loop.wait(until the next timer) ─────────────┐
+    │ worker frames and store replies (the loop's callbacks)    │
+    │ a store process that died: fork another when due          │
     │ signals → intents (drain, skip the grace period)          │
     │ reap children → classify how each ended → fail / release  │
-    │ worker frames (read by the loop's callbacks)              │
     │ watchdog → kill orders (deadline, RSS)                    │
     │ per pool: heartbeat, claim, assign                        │
     │ flush results, reap expired leases, publish the node row  │
     │ spawn workers up to the target (with boot backoff)        │
     └───────────────────────────────────────────────────────────┘
 
-No thread is ever started here, so forking stays safe: the store's connections are used only
-by this thread, the metrics socket is served from the loop (observe.server), and children close
-what they inherit from the parent before running a job.
+The loop never waits for the database: after boot every store call is a message to one of its
+store processes (``run/storelink.py``), answered through the selector. An unexpected error in
+a pass stops every worker and releases every lease before the exit (``run``'s error policy).
+
+No thread is ever started here, so forking stays safe: the parent holds no database
+connection after boot, the metrics socket is served from the loop (observe.server), and
+children close what they inherit from the parent before running a job.
 """
 
 from __future__ import annotations
