@@ -96,10 +96,7 @@ class Staller:
 
     def finish(self) -> DbRestart:
         """End the stall now (the run is over); its record."""
-        if self.locker is not None:
-            self.locker.kill()
-            self.locker.wait()
-            self.locker = None
+        self._release_lock()
         self.ends = 0.0
         stall = self.poll()
         assert stall is not None
@@ -107,9 +104,12 @@ class Staller:
 
     def close(self) -> None:
         """End any stall now and stop the proxy."""
+        self._release_lock()
+        if self.proxy is not None:
+            self.proxy.close()
+
+    def _release_lock(self) -> None:
         if self.locker is not None:
             self.locker.kill()
             self.locker.wait()
             self.locker = None
-        if self.proxy is not None:
-            self.proxy.close()

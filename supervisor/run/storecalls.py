@@ -10,11 +10,15 @@ supervisor/store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import Ack, Claimed, FailOutcome, Failure, Job, Lease, ReapOutcome
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # verbs a link may call by name, as they are
 VERBS = frozenset({"claim", "extend", "prune", "node_heartbeat", "get"})
@@ -114,68 +118,61 @@ def write_results(store: Any, todo: Results) -> Written:
 
 
 def _acks(store: Any, acks: list[AckRow], out: Written) -> None:
-    if not acks:
-        return
-    try:
-        out.lost_acks += store.ack([ack_of(a) for a in acks])
-        acks.clear()
-        return
-    except StoreUnavailable:
-        raise
-    except StoreError:  # refused (or a driver error): narrowed to its row below
-        pass
-    while acks:
-        row = acks[0]
-        try:
-            out.lost_acks += store.ack([ack_of(row)])
-        except StoreUnavailable:
-            raise
-        except StoreError as exc:
-            out.refused_acks.append((row, str(exc)))
-        acks.pop(0)
+    _narrowed(
+        acks,
+        lambda rows: store.ack([ack_of(r) for r in rows]),
+        lambda rows, lost: out.lost_acks.extend(lost),
+        lambda row, why: out.refused_acks.append((row, why)),
+    )
 
 
 def _fails(store: Any, fails: list[tuple[str, Failure]], out: Written) -> None:
-    if not fails:
-        return
-    try:
-        out.failed.append((list(fails), store.fail([f for _, f in fails])))
-        fails.clear()
-        return
-    except StoreUnavailable:
-        raise
-    except StoreError:  # refused (or a driver error): narrowed to its row below
-        pass
-    while fails:
-        one = fails[0]
-        try:
-            out.failed.append(([one], store.fail([one[1]])))
-        except StoreUnavailable:
-            raise
-        except StoreError as exc:
-            out.refused_fails.append((one[0], one[1], str(exc)))
-        fails.pop(0)
+    _narrowed(
+        fails,
+        lambda some: store.fail([f for _, f in some]),
+        lambda some, outcome: out.failed.append((list(some), outcome)),
+        lambda one, why: out.refused_fails.append((one[0], one[1], why)),
+    )
 
 
 def _releases(store: Any, releases: list[Lease], out: Written) -> None:
-    if not releases:
+    _narrowed(
+        releases,
+        store.release,
+        lambda leases, ids: out.released.extend(ids),
+        lambda lease, why: out.refused_releases.append((lease, why)),
+    )
+
+
+def _narrowed(
+    items: list[T],
+    write: Callable[[list[T]], R],
+    written: Callable[[list[T], R], object],
+    refused: Callable[[T, str], object],
+) -> None:
+    """Write ``items`` in one call; if the database refuses it (any StoreError but
+    StoreUnavailable, which goes up: the caller keeps what is left for later), write them
+    again one at a time, so the refused ones are found and every other one is written. Each
+    item is removed from ``items`` once it is dealt with."""
+    if not items:
         return
     try:
-        out.released += store.release(releases)
-        releases.clear()
+        written(items, write(items))
+        items.clear()
         return
     except StoreUnavailable:
         raise
     except StoreError:  # refused (or a driver error): narrowed to its row below
         pass
-    while releases:
+    while items:
+        one = items[:1]
         try:
-            out.released += store.release(releases[:1])
+            written(one, write(one))
         except StoreUnavailable:
             raise
-        except StoreError as exc:  # a lease holds nothing of the job's: not expected
-            out.refused_releases.append((releases[0], str(exc)))
-        releases.pop(0)
+        except StoreError as exc:
+            refused(one[0], str(exc))
+        items.pop(0)
 
 
 # ---- reads and housekeeping ------------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import Any
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run import storecalls
+from supervisor.run.workerproc import fork_blocked
 
 log = logging.getLogger("fleetd.store")
 
@@ -151,11 +152,9 @@ class ProcessLink:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for end in (parent_end, child_end):
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         try:
-            pid = os.fork()
+            pid = fork_blocked()
         except OSError:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             parent_end.close()
             child_end.close()
             raise
@@ -167,7 +166,6 @@ class ProcessLink:
                 code = _serve(child_end, self.database, self.title, self.listen, parent)
             finally:
                 os._exit(code)
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child_end.close()
         parent_end.setblocking(False)
         self.pid, self.sock = pid, parent_end

@@ -206,6 +206,24 @@ class WorkerHandle:
                 continue
 
 
+def fork_blocked() -> int:
+    """``os.fork()`` with every signal blocked across it and stdout and stderr flushed first:
+    no signal reaches the child while it still has the parent's handlers (the child unblocks
+    what it wants), and the child never writes the parent's buffered output again. The
+    parent's mask is restored, also when the fork fails."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        raise
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return pid
+
+
 def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], None]) -> WorkerHandle:
     """Fork a worker running ``spec``. ``child_cleanup`` runs first thing in the child and
     closes what it must not keep (the loop, other workers' sockets, listening sockets).
@@ -214,13 +232,9 @@ def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], Non
     has the parent's handlers; the runtime resets them and unblocks.
     """
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()  # or the child would flush the parent's buffered output again
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
-        pid = os.fork()
+        pid = fork_blocked()
     except OSError:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         parent_end.close()
         child_end.close()
         raise
@@ -231,7 +245,6 @@ def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], Non
             os.setpgid(0, 0)  # its own group: a kill reaches the job's subprocesses too
         finally:
             runtime.main(child_end.detach(), spec)  # never returns
-    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     child_end.close()
     with contextlib.suppress(OSError):  # both sides set it: a kill right after the fork
         os.setpgid(pid, pid)  # finds the group
