@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from stress.arguments import positive_int
+from stress.arguments import engine_arguments, engines, positive_int
 from stress.bench_e2e import scratch_database
 
 HELP = "the bare reference: a minimal claim/feed/ack loop that fleetd's figures are read against"
@@ -42,21 +42,16 @@ HEADER = struct.Struct(">I")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
-    )
+    engine_arguments(parser)
     parser.add_argument("--jobs", type=positive_int, default=20000)
     parser.add_argument("--children", type=positive_int, default=2)
 
 
 def run(args: argparse.Namespace) -> int:
-    engines = ("sqlite", "postgres") if args.engine == "both" else (args.engine,)
     table = Table(title=f"bare reference ({args.children} children, no-op jobs)")
     for name in ("engine", "jobs", "jobs/s", "parent CPU/1k jobs", "children CPU/1k jobs"):
         table.add_column(name, justify="right")
-    for engine in engines:
+    for engine in engines(args):
         with scratch_database(engine, args.postgres_url, "bare") as (folder, url):
             db = _sqlite(str(folder / "bare.db")) if engine == "sqlite" else _postgres(url)
             try:

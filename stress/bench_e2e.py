@@ -31,7 +31,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from stress.arguments import positive_int
+from stress.arguments import engine_arguments, engines, positive_int
 from supervisor.client import Client
 from supervisor.model import JobState
 
@@ -40,11 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
-    )
+    engine_arguments(parser)
     parser.add_argument(
         "--jobs", type=positive_int, default=5000, help="backlog for the throughput run"
     )
@@ -53,7 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    engines = ("sqlite", "postgres") if args.engine == "both" else (args.engine,)
     table = Table(title=f"fleetd end to end ({args.workers} workers, no-op jobs)")
     for name in (
         "engine",
@@ -67,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         "store procs CPU/1k",
     ):
         table.add_column(name, justify="right")
-    for engine in engines:
+    for engine in engines(args):
         with scratch_database(engine, args.postgres_url, "e2e") as (folder, url):
             row = _measure(folder, url, args)
             table.add_row(engine, *row)

@@ -22,7 +22,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from stress.arguments import positive_int
+from stress.arguments import engine_arguments, engines, host_port, positive_int
 from stress.bench_e2e import running_supervisor, scratch_database, write_fleet
 from stress.fixtures import incr
 from supervisor.client import Client
@@ -32,30 +32,26 @@ HELP = "one Redis INCR a job through fleetd start, beside the bare INCR loop"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("FLEETD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/test"),
-    )
+    engine_arguments(parser)
     parser.add_argument("--jobs", type=positive_int, default=20_000)
     parser.add_argument("--workers", type=positive_int, default=2)
-    parser.add_argument("--redis", default="127.0.0.1:6379", help="host:port of the Redis")
+    parser.add_argument(
+        "--redis", type=host_port, default="127.0.0.1:6379", help="host:port of the Redis"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    host, _, port = args.redis.rpartition(":")
-    server = (host or "127.0.0.1", int(port))
+    server = args.redis
     try:
         socket.create_connection(server, timeout=2).close()
     except OSError as exc:
-        print(f"bench-incr: no Redis at {args.redis}: {exc}")
+        print(f"bench-incr: no Redis at {server[0]}:{server[1]}: {exc}")
         return 2
     table = Table(title=f"one INCR a job ({args.workers} workers or loops, {args.jobs:,} INCRs)")
     for name in ("what", "INCRs/s", "CPU µs/job: supervisor", "store procs", "workers"):
         table.add_column(name, justify="right")
     table.add_row("bare loop", f"{_bare(server, args.jobs, args.workers):,.0f}", "", "", "")
-    engines = ("sqlite", "postgres") if args.engine == "both" else (args.engine,)
-    for engine in engines:
+    for engine in engines(args):
         with scratch_database(engine, args.postgres_url, "incr") as (folder, url):
             rate, cpu = _fleetd(folder, url, server, args)
         table.add_row(f"fleetd, {engine}", f"{rate:,.0f}", *(f"{c * 1e6:.0f}" for c in cpu))

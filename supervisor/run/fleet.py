@@ -619,10 +619,13 @@ class Fleet:
         )
 
 
+_LOOP_FAULT = os.environ.get("FLEETD_TEST_LOOP_FAULT")  # read once, at import
+
+
 def _injected_fault(dispatcher: Dispatcher) -> None:
     """Test seam: raise once this node holds ``FLEETD_TEST_LOOP_FAULT`` leases in workers
-    (the error policy's test; unset in production, where this is one dict lookup)."""
-    at = os.environ.get("FLEETD_TEST_LOOP_FAULT")
+    (the error policy's test; unset in production, where this is one comparison a pass)."""
+    at = _LOOP_FAULT
     if at and sum(1 for _ in dispatcher.running_leases()) >= int(at):
         raise RuntimeError(f"injected loop fault (FLEETD_TEST_LOOP_FAULT={at})")
 

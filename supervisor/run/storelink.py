@@ -39,7 +39,7 @@ from typing import Any
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run import storecalls
-from supervisor.run.workerproc import fork_blocked
+from supervisor.run.workerproc import fork_paired
 
 log = logging.getLogger("fleetd.store")
 
@@ -149,15 +149,7 @@ class ProcessLink:
     def start(self, child_cleanup: Callable[[], None]) -> None:
         """Fork the store process (signals blocked across the fork, as for workers)."""
         parent = os.getpid()
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        for end in (parent_end, child_end):
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        try:
-            pid = fork_blocked()
-        except OSError:
-            parent_end.close()
-            child_end.close()
-            raise
+        pid, parent_end, child_end = fork_paired(buffer=4 << 20)
         if pid == 0:  # the store process
             code = 1
             try:

@@ -224,6 +224,21 @@ def fork_blocked() -> int:
     return pid
 
 
+def fork_paired(buffer: int | None = None) -> tuple[int, socket.socket, socket.socket]:
+    """``fork_blocked`` with a socketpair made first, for the parent's end and the child's
+    (``buffer``: their send buffer size); both closed if the fork fails."""
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    if buffer is not None:
+        for end in (parent_end, child_end):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+    try:
+        return fork_blocked(), parent_end, child_end
+    except OSError:
+        parent_end.close()
+        child_end.close()
+        raise
+
+
 def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], None]) -> WorkerHandle:
     """Fork a worker running ``spec``. ``child_cleanup`` runs first thing in the child and
     closes what it must not keep (the loop, other workers' sockets, listening sockets).
@@ -231,13 +246,7 @@ def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], Non
     Signals are blocked across the fork, so none is delivered to the child while it still
     has the parent's handlers; the runtime resets them and unblocks.
     """
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        pid = fork_blocked()
-    except OSError:
-        parent_end.close()
-        child_end.close()
-        raise
+    pid, parent_end, child_end = fork_paired()
     if pid == 0:  # child
         try:
             parent_end.close()
