@@ -21,7 +21,7 @@ from typing import Any
 
 from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, FailOutcome, Failure, Lease
-from supervisor.observe.logs import job_event
+from supervisor.observe.logs import LOGGED_MESSAGE, job_event
 from supervisor.run.counters import Counters
 from supervisor.run.storecalls import AckRow, Results, Written, ack_of
 from supervisor.run.storelink import Reply
@@ -150,13 +150,13 @@ class Outbox:
             if failure.message.startswith(REFUSED):
                 # even fleetd's own message was refused: the lease expires into a reaper
                 # (the job runs again; nothing is lost)
-                log.error("job %s: failure not stored: %s", failure.lease.job_id, why)
+                log.error("job %s: failure not stored: %s", failure.lease.job_id, _said(why))
                 self.failed.pop(failure.lease.job_id, None)
             else:
                 text = f"{failure.error_kind}; its message could not be stored ({why})"
                 self._refused(pool, failure.lease, failure.error_kind, text, failure)
         for lease, why in out.refused_releases:
-            log.error("job %s: release refused: %s", lease.job_id, why)
+            log.error("job %s: release refused: %s", lease.job_id, _said(why))
         if out.error is not None:
             self.todo.extend_front(out.unwritten)
             self.health.failed(now, "write results", out.error)
@@ -169,7 +169,7 @@ class Outbox:
         self, pool: str, lease: Lease, kind: ErrorKind, why: str, was: Ack | Failure
     ) -> None:
         """Fail the job whose write was refused, alone, with a message of fleetd's own."""
-        log.error("job %s: the database refused its write: %s", lease.job_id, why)
+        log.error("job %s: the database refused its write: %s", lease.job_id, _said(why))
         retry = None if kind is ErrorKind.PERMANENT or isinstance(was, Ack) else was.retry_delay
         budget = None if isinstance(was, Ack) else was.budget
         message = storable_message(REFUSED + why)
@@ -212,6 +212,12 @@ class Outbox:
 def _pools(results: Results) -> set[str]:
     """The pools with a result in ``results`` (a capped pool's written result frees room)."""
     return {a[0] for a in results.acks} | {p for p, _ in results.fails}
+
+
+def _said(why: str) -> str:
+    """A database's refusal as a log line may say it: it can quote the refused value (a
+    handler's text), so it is made storable and cut like a job's message in its log line."""
+    return storable_message(why, LOGGED_MESSAGE)
 
 
 def _ack_refused(why: str) -> str:
