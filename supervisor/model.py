@@ -158,6 +158,9 @@ class ReapOutcome:
 
     requeued: tuple[int, ...] = ()
     dead: tuple[int, ...] = ()
+    # job id -> the attempt whose lease expired (a requeued job may be claimed again at once,
+    # by this node or another, before anyone reads its row)
+    attempts: dict[int, int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:

@@ -71,7 +71,7 @@ class Housekeeping:
                 job_id=job.id,
                 pool=job.pool,
                 kind=job.kind,
-                attempt=job.attempts,
+                attempt=out.attempts.get(job.id, job.attempts),  # not a later claim's
                 max_deliveries=job.max_deliveries,
                 duration=job.duration,
                 peak_rss=job.peak_rss,

@@ -514,7 +514,8 @@ class SqlStore(CappedClaims):
         with self._auto() as conn:
             rows = self._exec(conn, self._reap_stmt, {"limit": limit}).all()
         requeued = tuple(sorted(r.id for r in rows if r.state == QUEUED))
-        return ReapOutcome(requeued, tuple(sorted(r.id for r in rows if r.state == DEAD)))
+        dead = tuple(sorted(r.id for r in rows if r.state == DEAD))
+        return ReapOutcome(requeued, dead, {r.id: r.attempts for r in rows})
 
     @cached_property
     def _reap_stmt(self) -> Any:
@@ -544,7 +545,7 @@ class SqlStore(CappedClaims):
                 owner=None,
                 locked_until=None,
             )
-            .returning(jobs.c.id, jobs.c.state)
+            .returning(jobs.c.id, jobs.c.state, jobs.c.attempts)
         )
 
     # ---- reading ------------------------------------------------------------------------
