@@ -16,35 +16,16 @@ from typing import Any, TypeVar
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import Ack, Claimed, FailOutcome, Failure, Job, Lease, ReapOutcome
+from supervisor.store.rows import ClaimRow
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 # verbs a link may call by name, as they are
-VERBS = frozenset({"claim", "extend", "prune", "node_heartbeat", "get"})
+VERBS = frozenset({"claim", "claim_rows", "extend", "prune", "node_heartbeat", "get"})
 
-# a claimed job on the wire: Claimed's fields in order, the lease's two first
-ClaimRow = tuple[int, str, str, str, str, int, int, float, str | None]
 # a result on the wire: (pool, job id, lease token, result JSON, peak RSS, duration)
 AckRow = tuple[str, int, str, str, int | None, float | None]
-
-
-def claim_rows(store: Any, **kwargs: Any) -> list[ClaimRow]:
-    """``store.claim`` with its jobs as tuples (``claimed_job`` makes them Claimed again)."""
-    return [
-        (
-            c.lease.job_id,
-            c.lease.token,
-            c.kind,
-            c.pool,
-            c.payload,
-            c.attempt,
-            c.max_deliveries,
-            c.locked_until,
-            c.tenant,
-        )
-        for c in store.claim(**kwargs)
-    ]
 
 
 def claim_rows_none(store: Any) -> list[ClaimRow]:
@@ -200,7 +181,6 @@ def scaler_read(store: Any, pools: list[str], window: float) -> tuple[Any, Any, 
 
 
 PROCEDURES = {
-    "claim_rows": claim_rows,
     "claim_rows_none": claim_rows_none,
     "write_results": write_results,
     "reap_described": reap_described,

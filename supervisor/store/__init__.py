@@ -6,7 +6,7 @@ the verbs of ``Store``, named for the lease state machine in ``supervisor.model`
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor.clock import Clock
 from supervisor.errors import StoreError, StoreUnavailable
@@ -25,6 +25,9 @@ from supervisor.model import (
     ReapOutcome,
     RetryBudget,
 )
+
+if TYPE_CHECKING:
+    from supervisor.store.rows import ClaimRow
 
 
 class Store(Protocol):
@@ -48,6 +51,17 @@ class Store(Protocol):
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
     ) -> list[Claimed]: ...
+    def claim_rows(
+        self,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        limits: ClaimLimits | None = None,
+        budget: RetryBudget | None = None,
+    ) -> list[ClaimRow]: ...
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]: ...
     def ack(self, acks: Sequence[Ack]) -> list[Lease]: ...
     def fail(self, failures: Sequence[Failure]) -> FailOutcome: ...

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, and_, bindparam, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from supervisor.model import Claimed, ClaimLimits, JobState, RetryBudget
+from supervisor.model import ClaimLimits, JobState, RetryBudget
 from supervisor.store import fair
 from supervisor.store.budget import Budgets
-from supervisor.store.rows import CLAIMED_COLUMNS, as_claimed
+from supervisor.store.rows import CLAIMED_COLUMNS, ClaimRow, claim_row
 from supervisor.store.schema import jobs
 
 QUEUED = JobState.QUEUED.value
@@ -54,7 +54,7 @@ class CappedClaims:
         lease: float,
         limits: ClaimLimits,
         budget: RetryBudget | None,
-    ) -> list[Claimed]:
+    ) -> list[ClaimRow]:
         """Count, choose and lease in one transaction, serialised per pool (fair.py)."""
         with self._tx() as conn:
             self._lock_claims(conn, pool)
@@ -80,7 +80,7 @@ class CappedClaims:
             if budget is not None and rows:
                 at = next(iter(rows.values())).started_at
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
-        return [as_claimed(rows[i]) for i in chosen if i in rows]
+        return [claim_row(rows[i]) for i in chosen if i in rows]
 
     def _window(
         self,

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from functools import cached_property
@@ -22,6 +23,7 @@ from sqlalchemy import (
     Connection,
     Float,
     String,
+    bindparam,
     cast,
     create_engine,
     event,
@@ -62,6 +64,10 @@ STATEMENT_TIMEOUT = "30s"
 LOCK_TIMEOUT = "10s"
 VACUUM_DEAD_ROWS = 10_000  # dead row versions in fleetd_jobs that make a vacuum due (~5,000 jobs)
 VACUUM_MIN_INTERVAL = 5.0  # seconds between two checks by one store
+# ANALYZE fleetd_jobs when the planner believes in fewer than a quarter of the queued jobs
+# there are, and at least this many are queued (counted up to QUEUED_COUNTED)
+ANALYZE_QUEUED = 1_000
+QUEUED_COUNTED = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,7 @@ class PostgresStore(SqlStore):
         self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._monotonic = (clock or SystemClock()).monotonic
         self._next_vacuum_check = 0.0
+        self._next_analyze_check = 0.0
 
     def waker(self) -> PostgresWaker:
         return PostgresWaker(self._conninfo, NOTIFY_CHANNEL, CONNECTION_BOUNDS)
@@ -179,13 +186,47 @@ class PostgresStore(SqlStore):
 
     def reap(self, *, limit: int = 1000) -> ReapOutcome:
         """Expired leases back to queued or dead (``SqlStore.reap``), then the job table's
-        vacuum if it is due. A failed vacuum is logged; the reap it followed stands."""
+        vacuum and statistics if they are due. A failed vacuum or analyze is logged; the reap
+        it followed stands."""
         outcome = super().reap(limit=limit)
-        try:
-            self.vacuum_if_due()
-        except StoreError as exc:
-            log.warning("vacuum of fleetd_jobs failed: %s", exc)
+        for upkeep, what in ((self.vacuum_if_due, "vacuum"), (self.analyze_if_due, "analyze")):
+            try:
+                upkeep()
+            except StoreError as exc:
+                log.warning("%s of fleetd_jobs failed: %s", what, exc)
         return outcome
+
+    def analyze_if_due(self) -> bool:
+        """ANALYZE fleetd_jobs when the planner's idea of the queued jobs is far below what is
+        queued, checking at most every ``VACUUM_MIN_INTERVAL`` seconds; True when it ran.
+
+        The claim's plan rests on that idea. A table never analyzed, or last analyzed when
+        nothing was queued, estimates one queued row; with 40,000 then queued, the planner
+        took the smaller ix_jobs_queued (or ix_jobs_ready_age), read all of them and sorted
+        them for every claim: 21 ms a claim of 120 where ix_jobs_claim takes 1 ms, and a
+        drain 6x slower (docs/benchmarks.md). Autovacuum's analyze fixes it at its next
+        round, up to a minute (``autovacuum_naptime``) after a burst; this check runs with
+        the reaper, on the first reap after a start and every few seconds after."""
+        now = self._monotonic()
+        if now < self._next_analyze_check:
+            return False
+        self._next_analyze_check = now + VACUUM_MIN_INTERVAL
+        with self._auto() as conn:
+            queued = conn.execute(self._queued_counted, {"n": QUEUED_COUNTED}).scalar_one()
+            if queued < ANALYZE_QUEUED:
+                return False
+            plan = conn.execute(_QUEUED_PLAN).scalar_one()
+            if isinstance(plan, str):
+                plan = json.loads(plan)
+            if plan[0]["Plan"]["Plan Rows"] * 4 >= queued:
+                return False
+            conn.execute(text("ANALYZE fleetd_jobs"))
+        return True
+
+    @cached_property
+    def _queued_counted(self) -> Any:
+        some = select(literal(1)).where(jobs.c.state == "queued").limit(bindparam("n"))
+        return select(func.count()).select_from(some.subquery())
 
     def vacuum_if_due(self) -> bool:
         """VACUUM fleetd_jobs when it holds ``VACUUM_DEAD_ROWS`` dead row versions, checking at
@@ -208,6 +249,10 @@ class PostgresStore(SqlStore):
                 return False
             conn.execute(text("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) fleetd_jobs"))
         return True
+
+
+# the planner's estimate of the queued rows (what every claim's plan starts from)
+_QUEUED_PLAN = text("EXPLAIN (FORMAT JSON) SELECT 1 FROM fleetd_jobs WHERE state = 'queued'")
 
 
 def _bound_statements(dbapi_conn: Any, _record: Any) -> None:

@@ -53,8 +53,18 @@ def claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (-row[_PRIORITY], row[_AVAILABLE], row[_ID])
 
 
+# A claimed job as a plain tuple: Claimed's fields in order, the lease's two first. What a
+# claim's row becomes without building objects (a store process sends these over a socket).
+ClaimRow = tuple[int, str, str, str, str, int, int, float, str | None]
+
+
+def claim_row(row: Any) -> ClaimRow:
+    """A claim's row (``CLAIMED_COLUMNS``) cut to ``ClaimRow``."""
+    return tuple(row[:9])  # type: ignore[return-value]
+
+
 def as_claimed(row: Any) -> Claimed:
-    """A claim's row (``CLAIMED_COLUMNS``) as the model's ``Claimed``."""
+    """A claim's row (``CLAIMED_COLUMNS``, or a ``ClaimRow``) as the model's ``Claimed``."""
     return Claimed(Lease(row[0], row[1]), *row[2:9])
 
 

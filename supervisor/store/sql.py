@@ -71,10 +71,12 @@ from supervisor.store.rows import (
     CLAIMED_AT,
     CLAIMED_COLUMNS,
     LEASES_MATCH,
+    ClaimRow,
     as_claimed,
     as_job,
     chunks,
     claim_order,
+    claim_row,
     job_params,
     lease_pairs,
 )
@@ -254,6 +256,24 @@ class SqlStore(CappedClaims):
         retry ``budget``, when it has one). With capped ``limits``, stays within the pool's,
         tenants' and kinds' fleet-wide caps and orders fairly between tenants
         (``CappedClaims``, supervisor/store/capped.py and fair.py)."""
+        rows = self.claim_rows(
+            pool=pool, kinds=kinds, n=n, node=node, lease=lease, limits=limits, budget=budget
+        )
+        return [as_claimed(r) for r in rows]
+
+    def claim_rows(
+        self,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        limits: ClaimLimits | None = None,
+        budget: RetryBudget | None = None,
+    ) -> list[ClaimRow]:
+        """``claim``, its jobs as ``ClaimRow`` tuples in claim order: what a store process
+        sends to its loop, without building objects it would take apart again."""
         if n <= 0 or not kinds:
             return []
         if limits is not None and limits.capped:
@@ -265,7 +285,7 @@ class SqlStore(CappedClaims):
                 at = rows[0][CLAIMED_AT]
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
         rows.sort(key=claim_order)
-        return [as_claimed(r) for r in rows]
+        return [claim_row(r) for r in rows]
 
     @cached_property
     def _budgets(self) -> Budgets:

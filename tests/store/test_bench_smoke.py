@@ -6,7 +6,8 @@
 - SQLite's claim walks ix_jobs_claim and stops after n rows. Without the ``likely()`` hint its
   planner sorted every ready row on each claim (42 ms at 100,000 queued, and growing).
 - PostgreSQL: the reaper vacuums the job table once dead rows pile up, so a claim reads a few
-  index pages again instead of walking every entry that earlier claims left behind.
+  index pages again instead of walking every entry that earlier claims left behind; and it
+  analyzes the table when the planner believes in far fewer queued jobs than there are.
 """
 
 from __future__ import annotations
@@ -180,3 +181,29 @@ def test_postgres_reaper_vacuums_once_dead_rows_pile_up() -> None:
     if holders:
         pytest.skip(f"older transactions hold back what VACUUM may remove: {holders}")
     assert after <= 5, f"the claim still reads {after} index pages after the vacuum"
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_postgres_reaper_analyzes_a_backlog_the_planner_does_not_know_of() -> None:
+    # A table never analyzed estimates one queued row: with 40,000 queued the planner read
+    # them all through a smaller index and sorted them on every claim (21 ms a claim, not 1)
+    clock = FakeClock()
+    with postgres_schema_url() as url:
+        store = open_store(url, clock)
+        try:
+            _fill(store, 500)
+            few = store.analyze_if_due()  # too few queued to matter
+            _fill(store, 40_000)
+            clock.advance(5.0)
+            ran = store.analyze_if_due()
+            sql, params = _claim_statement(store)
+            pages = _claim_index_pages(store, sql, params)  # asserts the claim uses ix_jobs_claim
+            clock.advance(5.0)
+            again = store.analyze_if_due()  # the planner knows now: nothing to do
+        finally:
+            store.close()
+    assert few is False
+    assert ran is True
+    assert pages <= 5, f"the claim reads {pages} index pages"
+    assert again is False
