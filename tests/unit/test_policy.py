@@ -226,6 +226,16 @@ def test_recent_duration_rises_at_once_and_falls_slowly() -> None:
     assert 100 < fast < 300  # ...and resumes only after a long run of fast jobs
 
 
+def test_recent_duration_follows_short_jitter_only_part_way() -> None:
+    est = 0.0001  # INCR-like jobs: depth 26
+    assert pipeline_depth(est, 64) == 26
+    est = recent_duration(est, 0.003)  # one round trip of 3 ms: short of the budget
+    assert pipeline_depth(est, 64) >= 13  # not cut to 1 for the next hundred jobs
+    for _ in range(10):  # ...but a pool whose jobs really became slower follows them
+        est = recent_duration(est, 0.003)
+    assert pipeline_depth(est, 64) <= 3
+
+
 def test_a_worker_ended_by_its_own_deadline_alarm_ran_past_its_timeout() -> None:
     from workers.limits import DEADLINE_SIGNAL
 
