@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import Ack, Claimed, FailOutcome, Failure, Job, Lease, ReapOutcome
+from supervisor.run.schedulepass import schedule_pass
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -206,4 +207,5 @@ PROCEDURES = {
     "reap_described": reap_described,
     "observer_read": observer_read,
     "scaler_read": scaler_read,
+    "schedule_pass": schedule_pass,
 }
