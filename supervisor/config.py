@@ -842,6 +842,12 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+_EXAMPLE_SCHEDULE: tuple[str, dict[str, Any]] = (
+    "A periodic job, enqueued once per tick by whichever supervisor comes first.",
+    {"kind": "reindex", "cron": "0 2 * * *", "timezone": "Europe/Paris", "payload": {"full": True}},
+)
+
+
 def example_toml() -> str:
     """conf/fleet.example.toml: every key with its default and a one-line comment, from the
     schema, and three example pools (bulk documents every key; the others show overrides)."""
@@ -849,6 +855,8 @@ def example_toml() -> str:
     for name, (about, values) in _EXAMPLE_POOLS.items():
         lines += ["", f"# {about}", f"[pools.{name}]"]
         lines += _documented(PoolConfig, values) if name == "bulk" else _overrides(values)
+    lines += ["", f"# {_EXAMPLE_SCHEDULE[0]}", "[schedules.nightly_reindex]"]
+    lines += _documented(ScheduleConfig, _EXAMPLE_SCHEDULE[1])
     return "\n".join(lines) + "\n"
 
 

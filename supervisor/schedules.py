@@ -48,6 +48,7 @@ SCAN_CAP = 10_000  # due ticks counted one by one in one pass; past it, "at leas
 CATCH_UP = ("skip", "once", "all")
 OVERLAP = ("skip", "allow")
 _CHECK_FROM = datetime(2000, 1, 1, tzinfo=UTC)  # a cron is checked from here: does it match?
+_CRON = 'expected five fields such as "0 2 * * *", or six with seconds first'
 
 
 @lru_cache(maxsize=64)
@@ -73,7 +74,7 @@ class Timing:
     def of(cls, cron: str | None, every: float | None, timezone: str = "UTC") -> Timing:
         """Checked: ValueError with one line saying what is wrong."""
         if (cron is None) == (every is None):
-            raise ValueError('give exactly one of cron = "..." or every = "..."')
+            raise ValueError("cron and every (expected exactly one of them)")
         zone(timezone)
         if every is not None:
             if every < 1 or every != int(every):
@@ -83,9 +84,10 @@ class Timing:
         try:
             next(CronSim(cron, _CHECK_FROM))
         except CronSimError as exc:
-            raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
+            problem = str(exc)[:1].lower() + str(exc)[1:]
+            raise ValueError(f"{cron!r} is not a cron expression: {problem} ({_CRON})") from None
         except StopIteration:
-            raise ValueError(f"{cron!r} never matches (no tick within 50 years)") from None
+            raise ValueError(f"{cron!r} never matches within 50 years ({_CRON})") from None
         return cls(cron=cron, timezone=timezone)
 
     def describe(self) -> str:
