@@ -16,6 +16,8 @@ PURE = {
     "supervisor/observe/recorder.py",
     "supervisor/observe/health.py",
     "supervisor/observe/fleetview.py",
+    "supervisor/observe/schedview.py",
+    "supervisor/schedules.py",
 }
 
 
