@@ -96,7 +96,9 @@ class Scheduler:
             log.debug("schedule %s: enqueued %s", o.name, jobs)
             return
         spec = next(s for s in self.specs if s.name == o.name)
-        log.warning(
+        level = logging.WARNING if p.late or p.missed else logging.INFO  # downtime vs overlap
+        log.log(
+            level,
             "schedule %s: %d tick(s) late (no supervisor ran it at their time), %d caught up, "
             "%d not enqueued by catch_up %s, %d skipped by overlap %s; enqueued: %s",
             o.name,

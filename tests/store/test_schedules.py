@@ -129,8 +129,13 @@ PROCESSES = 4
 def race(url: str, start: Any, results: Any) -> None:
     """Child: wait for the gate, then run passes for a few ticks of an every-1s schedule."""
     store = open_store(url)
-    spec = ScheduleSpec(
-        name="race", timing=Timing.of(None, 1), kind="echo", pool="bulk", max_deliveries=3
+    spec = ScheduleSpec(  # overlap allowed: nobody runs the jobs here
+        name="race",
+        timing=Timing.of(None, 1),
+        kind="echo",
+        pool="bulk",
+        max_deliveries=3,
+        overlap="allow",
     )
     try:
         start.wait(timeout=30)

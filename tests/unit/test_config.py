@@ -506,7 +506,7 @@ def test_unknown_pool_keys(tmp_path: Path, line: str, key: str, suggestion: str 
 def test_unknown_fleet_keys(tmp_path: Path, text: str, key: str, suggestion: str | None) -> None:
     message = error(tmp_path, text)
     assert message.startswith(f"{key}: unknown key (")
-    assert ("known: fleet, pools)" in message) == ("." not in key)
+    assert ("known: fleet, pools, schedules)" in message) == ("." not in key)
     if suggestion:
         assert f"did you mean {suggestion!r}?" in message
 
@@ -644,7 +644,7 @@ SCHEDULE_ERRORS = [
 def test_schedule_errors(tmp_path: Path, lines: str, key: str, fragments: list[str]) -> None:
     message = error(tmp_path, schedule(lines))
     assert message.startswith(f"{key}: "), message
-    assert "(expected " in message, message
+    assert "(expected " in message or "known: " in message, message
     for fragment in fragments:
         assert fragment in message, message
 
