@@ -45,17 +45,16 @@ class ScheduleSummary:
         return self.status in PROBLEMS
 
     def detail(self) -> str:
-        """One line: what is wrong, or when it last ran."""
-        last = "no tick yet"
-        if self.last_tick is not None:
-            last = (
-                f"last tick {iso(self.last_tick)} job {self.last_job} {self.last_state or 'gone'}"
-            )
+        """One short line, most important first: what is wrong, or when it last ran."""
+        when = (iso(self.last_tick) or "")[:19]
+        last = "no tick yet" if self.last_tick is None else f"last tick {when} job {self.last_job}"
         if self.status == "late":
-            return f"{last}; a due tick is {self.late_for:.0f}s late: no supervisor runs it"
+            return f"{self.late_for:.0f}s late, no supervisor runs it; {last}"
+        if self.status == "failed":
+            return f"its last job died: {last} dead"
         if self.status == "unconfigured":
-            return f"{last}; not in this config: nothing here enqueues it"
-        return last
+            return f"not in this config; {last}"
+        return f"{last} {self.last_state or 'gone'}" if self.last_tick is not None else last
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -264,7 +264,7 @@ def _schedule_lines(view: FleetView) -> list[Text]:
     """Schedules whose last tick failed or that are late; the others say nothing here."""
     return [
         _line(
-            Text(f"! schedule {s.name} {s.status}: ", style="bold yellow"),
+            Text(f"! schedule {s.name}: ", style="bold yellow"),
             Text(s.detail(), style="yellow"),
         )
         for s in view.schedules
