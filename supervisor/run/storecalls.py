@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import Ack, Claimed, FailOutcome, Failure, Job, Lease, ReapOutcome
-from supervisor.run.schedulepass import schedule_pass
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -186,6 +185,13 @@ def reap_described(store: Any, read_at_most: int) -> tuple[ReapOutcome, list[Job
     ids = [*out.dead, *out.requeued][:read_at_most]
     rows = [store.get(i) for i in ids]
     return out, [r for r in rows if r is not None]
+
+
+def schedule_pass(store: Any, specs: Any) -> Any:
+    """One pass over the schedules (supervisor/run/schedulepass.py: read, plan, advance)."""
+    from supervisor.run import schedulepass  # here, not above: it imports the schedules
+
+    return schedulepass.schedule_pass(store, specs)
 
 
 def observer_read(store: Any, pools: list[str], after_id: int | None) -> tuple[Any, Any]:
