@@ -189,7 +189,7 @@ def reap_described(store: Any, read_at_most: int) -> tuple[ReapOutcome, list[Job
 
 def schedule_pass(store: Any, specs: Any) -> Any:
     """One pass over the schedules (supervisor/run/schedulepass.py: read, plan, advance)."""
-    from supervisor.run import schedulepass  # here, not above: it imports the schedules
+    from supervisor.run import schedulepass
 
     return schedulepass.schedule_pass(store, specs)
 
