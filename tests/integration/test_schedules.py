@@ -6,7 +6,8 @@
   the gap, ``"once"`` the latest, ``"all"`` the latest ``catch_up_max``, decided from the
   stored row (three schedules, one per policy, in one config);
 - ``overlap = "skip"`` with a job slower than the period: no tick is enqueued while the last
-  one's job is queued or running.
+  one's job is queued or running;
+- ``fleetd demo`` runs its schedule, and the summary shows the schedule's jobs.
 
 Waits poll the store; the only wait on time itself is the 5 s the supervisor is kept down.
 """
