@@ -16,6 +16,12 @@ def thumbnail(payload: dict[str, Any]) -> dict[str, Any]:
     return {"thumb": f"img-{payload.get('image', 0)}-small.png"}
 
 
+def sync(payload: dict[str, Any]) -> dict[str, Any]:
+    """A periodic job (``[schedules.sync]``): the tick it was enqueued for is in the payload."""
+    time.sleep(0.02)
+    return {"source": payload.get("source"), "synced_for": payload.get("scheduled_for")}
+
+
 def render(payload: dict[str, Any]) -> dict[str, Any]:
     """A CPU-heavy job: hash a buffer for a while."""
     data = str(payload.get("doc", 0)).encode() * 10_000

@@ -8,10 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor import host
+from supervisor.clock import SystemClock
 from supervisor.config import FleetConfig, load_config
 from supervisor.imports import import_handlers
+from supervisor.model import iso
 from supervisor.policy import PoolSizing, ceilings
 from supervisor.run import memcg, watchdog
+from supervisor.schedules import describe
 from supervisor.store import display_url
 from supervisor.units import format_duration, format_size
 from workers import limits
@@ -44,6 +47,20 @@ def plan_for(config_path: str) -> dict[str, Any]:
             }
             for name in config.pools
         },
+        "schedules": _schedule_plan(config, SystemClock().now()),
+    }
+
+
+def _schedule_plan(config: FleetConfig, now: float) -> dict[str, dict[str, Any]]:
+    """Each schedule's settings and its next three ticks from ``now``."""
+    return {
+        spec.name: {
+            **describe(spec),
+            "timing": spec.timing.describe(),
+            "policies": spec.policies(),
+            "next": [iso(t) for t in spec.timing.next_ticks(now, 3)],
+        }
+        for spec in config.schedule_specs()
     }
 
 
@@ -131,6 +148,11 @@ def render_plan(plan: dict[str, Any]) -> str:
         )
         lines.append(f"    sizing: {_render_sizing(p['sizing'])}")
         lines.append(f"    memory: {_render_memory(p['memory'])}")
+    for name, s in plan.get("schedules", {}).items():
+        lines.append(
+            f"  schedule {name}: {s['kind']} (pool {s['pool']}) {s['timing']}; {s['policies']}"
+        )
+        lines.append(f"    next: {', '.join(s['next']) or 'never'}")
     return "\n".join(lines)
 
 

@@ -104,16 +104,19 @@ def check(config_path: str, as_json: bool, live: bool) -> None:
 def _fleet_view(client: Any) -> Any:
     """The fleet as ``fleetd status`` shows it: node rows and the store's queue figures."""
     from supervisor.observe.fleetview import build_view
+    from supervisor.observe.schedview import summarize
     from supervisor.store import display_url
 
     config = client.config
+    read = client.store.schedule_states()
     return build_view(
         fleet=config.name,
         database=display_url(config.database),
         configured=config.pools,
         stats=client.store.stats(list(config.pools)),
         rows=client.store.list_nodes(),
-        now=client.store.now(),
+        now=read.now,
+        schedules=summarize(config.schedule_specs(), read.states, read.now),
     )
 
 
@@ -263,6 +266,26 @@ def dlq_purge(config_path: str | None, ids: tuple[int, ...], pool: str | None) -
     with _client(_dlq_config(config_path), pool=pool) as client:
         count = client.store.dlq_purge(list(ids) or None, pool=pool)
     click.echo(f"purged {count} job(s)")
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@friendly
+def schedules(config_path: str, as_json: bool) -> None:
+    """List each schedule: its last tick (job and state), next tick, last success, policies."""
+    from supervisor.observe.schedview import summarize
+
+    with _client(config_path) as client:
+        read = client.store.schedule_states()
+        found = summarize(client.config.schedule_specs(), read.states, read.now)
+    if as_json:
+        for s in found:
+            click.echo(json.dumps(s.to_dict()))
+        return
+    from supervisor.observe.tables import schedules_table
+
+    schedules_table(found)
 
 
 @main.command()

@@ -36,13 +36,14 @@ from pydantic import (
     model_validator,
 )
 
-from supervisor import units
+from supervisor import schedules, units
 from supervisor.errors import ConfigError, UnknownKind
 
 __all__ = [
     "FleetConfig",
     "MemoryBudget",
     "PoolConfig",
+    "ScheduleConfig",
     "example_toml",
     "load_config",
     "parse_config",
@@ -358,6 +359,104 @@ def _ordered(pool: PoolConfig, low: str, high: str, *, strict: bool) -> None:
     raise _Problem(f"{show(a)!r} {too_high} {high} {show(b)!r} {expected}", (low,))
 
 
+# ---- schedules: [schedules.NAME] ----
+
+
+def _payload(value: Any) -> str:
+    """A schedule's payload table as JSON text (TOML dates are not JSON: an error here)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is not a table (expected e.g. {{ full = true }})")
+    if "scheduled_for" in value:
+        raise _Problem(
+            "'scheduled_for' is set by fleetd to each tick's time (expected another key)",
+            ("scheduled_for",),
+        )
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{value!r} is not JSON (expected strings, numbers, tables: {exc})"
+        ) from None
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not an integer (expected e.g. 0; higher runs first)")
+    return value
+
+
+class ScheduleConfig(BaseModel):
+    """One ``[schedules.NAME]`` table: a periodic job, enqueued once per tick by whichever
+    supervisor comes first (supervisor/schedules.py decides which ticks)."""
+
+    model_config = _FROZEN
+
+    name: Annotated[str, BeforeValidator(_text(_IDENTIFIER.pattern, "a schedule name"))] = _shape()
+    kind: Annotated[str, BeforeValidator(_text(r"\S+", "a job kind"))] = _key(
+        ..., "the job kind each tick enqueues (a kind of some pool of this file)", example="reindex"
+    )
+    cron: Annotated[
+        str | None, BeforeValidator(_optional(_text(r".*\S.*", "a cron expression")))
+    ] = _key(None, "a cron expression (five fields; six with seconds first)", example="0 2 * * *")
+    every: Annotated[float | None, BeforeValidator(_optional(_duration)), _Unit("duration")] = _key(
+        None, "or: a period, ticking at its multiples since the Unix epoch (UTC)", example="5m"
+    )
+    timezone: Annotated[str, BeforeValidator(_text(r"\S+", "a time zone name"))] = _key(
+        "UTC", "the cron expression's time zone (IANA name; DST as the cron library defines it)"
+    )
+    payload: Annotated[str, BeforeValidator(_payload)] = _key(
+        "{}", 'the job\'s payload; each tick adds "scheduled_for" (the tick time, ISO 8601 UTC)'
+    )
+    catch_up: Annotated[str, BeforeValidator(_choice(*schedules.CATCH_UP))] = _key(
+        "once",
+        'after downtime: "skip" (none), "once" (the latest missed tick), "all" (each, capped)',
+    )
+    catch_up_max: Positive = _key(10, 'at most this many missed ticks with catch_up = "all"')
+    overlap: Annotated[str, BeforeValidator(_choice(*schedules.OVERLAP))] = _key(
+        "skip", '"skip": no new tick while the last one is queued or running; "allow": enqueue'
+    )
+    tenant: Name = _key(None, "the jobs' tenant, as for enqueue", example="acme")
+    priority: Annotated[int, BeforeValidator(_integer)] = _key(0, "the jobs' priority")
+
+    @model_validator(mode="after")
+    def _timing(self) -> ScheduleConfig:
+        if self.cron is not None and self.every is not None:
+            raise _Problem("both cron and every are set (expected exactly one)", ("every",))
+        if self.cron is None and self.every is None:
+            raise ValueError(
+                'neither cron nor every is set (expected cron = "0 2 * * *" or every = "5m")'
+            )
+        if self.every is not None and self.timezone != "UTC":
+            raise _Problem(
+                f"{self.timezone!r} with every (expected a cron schedule: every ticks on the "
+                "Unix epoch's multiples, in no time zone)",
+                ("timezone",),
+            )
+        at = "cron" if self.cron is not None else "every"
+        try:
+            self.timing()
+        except ValueError as exc:
+            where = ("timezone",) if "time zone" in str(exc) else (at,)
+            raise _Problem(str(exc), where) from None
+        return self
+
+    def timing(self) -> schedules.Timing:
+        return schedules.Timing.of(self.cron, self.every, self.timezone)
+
+
+def _named_schedule(name: Any, table: Any) -> Any:
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+        expected = f"a schedule name matching {_IDENTIFIER.pattern}"
+        raise _Problem(f"{name!r} is not a schedule name (expected {expected})", (name,))
+    if isinstance(table, ScheduleConfig) and table.name == name:
+        return table
+    if not isinstance(table, Mapping):
+        raise _Problem(f"{table!r} is not a table (expected a [schedules.{name}] table)", (name,))
+    if "name" in table:
+        raise _Problem(_unknown_key("name", _keys(ScheduleConfig)), (name, "name"))
+    return {**table, "name": name}
+
+
 # ---- the fleet: [fleet] keys plus the pools ----
 
 
@@ -480,6 +579,7 @@ class FleetConfig(BaseModel):
         "human", '"human", or "json" for one JSON object a line'
     )
     pools: Mapping[str, PoolConfig] = _shape(default_factory=dict, validate_default=True)
+    schedules: Mapping[str, ScheduleConfig] = _shape(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -521,6 +621,51 @@ class FleetConfig(BaseModel):
                     raise _Problem(message, (pool.name, "handlers", kind))
                 owner[kind] = pool.name
         return pools
+
+    @field_validator("schedules", mode="before")
+    @classmethod
+    def _name_schedules(cls, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{value!r} is not a table (expected [schedules.NAME] tables)")
+        return {name: _named_schedule(name, table) for name, table in value.items()}
+
+    @field_validator("schedules")
+    @classmethod
+    def _known_kinds(
+        cls, value: Mapping[str, ScheduleConfig], info: ValidationInfo
+    ) -> Mapping[str, ScheduleConfig]:
+        pools = info.data.get("pools")
+        if pools is None:
+            return value  # the pools' own error is reported
+        kinds = [kind for pool in pools.values() for kind in pool.handlers]
+        for name, schedule in value.items():
+            if schedule.kind not in kinds:
+                known = ", ".join(map(repr, kinds))
+                message = f"{schedule.kind!r} is not a kind of any pool (expected one of {known})"
+                raise _Problem(message, (name, "kind"))
+        return value
+
+    def schedule_specs(self) -> tuple[schedules.ScheduleSpec, ...]:
+        """Every schedule as the supervisor runs it (the kind routed to its pool)."""
+        out = []
+        for s in self.schedules.values():
+            pool = self.pool_for_kind(s.kind)
+            out.append(
+                schedules.ScheduleSpec(
+                    name=s.name,
+                    timing=s.timing(),
+                    kind=s.kind,
+                    pool=pool.name,
+                    max_deliveries=pool.max_deliveries,
+                    payload=s.payload,
+                    tenant=s.tenant,
+                    priority=s.priority,
+                    catch_up=s.catch_up,
+                    catch_up_max=s.catch_up_max,
+                    overlap=s.overlap,
+                )
+            )
+        return tuple(out)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -590,8 +735,9 @@ def _build(
     data: dict[str, Any], path: Path, label: str, environ: Mapping[str, str] | None
 ) -> FleetConfig:
     for key in data:
-        if key not in ("fleet", "pools"):
-            raise ConfigError(label, _key_path([key]), _unknown_key(key, ["fleet", "pools"]))
+        if key not in ("fleet", "pools", "schedules"):
+            known = ["fleet", "pools", "schedules"]
+            raise ConfigError(label, _key_path([key]), _unknown_key(key, known))
     fleet = data.get("fleet", {})
     if not isinstance(fleet, dict):
         raise ConfigError(label, "fleet", f"{fleet!r} is not a table (expected a [fleet] table)")
@@ -601,6 +747,8 @@ def _build(
                 label, _key_path(["fleet", key]), _unknown_key(key, _keys(FleetConfig))
             )
     fields = {**fleet, "path": path, "pools": data.get("pools", {})}
+    if "schedules" in data:
+        fields["schedules"] = data["schedules"]
     try:
         return FleetConfig.model_validate(fields, context={"environ": environ})
     except ValidationError as exc:
@@ -612,7 +760,8 @@ def _translate(label: str, exc: ValidationError) -> ConfigError:
     the user would write it (``pools.bulk.timeout``, ``fleet.database``)."""
     error = exc.errors(include_url=False)[0]
     loc: list[str | int] = list(error["loc"])
-    model: type[BaseModel] = PoolConfig if loc[:1] == ["pools"] else FleetConfig
+    tables = {"pools": PoolConfig, "schedules": ScheduleConfig}
+    model: type[BaseModel] = tables.get(str(loc[0]) if loc else "", FleetConfig)
     if error["type"] == "value_error":
         problem = error["ctx"]["error"]
         loc += getattr(problem, "at", ())
@@ -625,7 +774,7 @@ def _translate(label: str, exc: ValidationError) -> ConfigError:
         message = f"missing (expected {about})"
     else:  # a shape our validators do not check first; pydantic's msg is short and URL-free
         message = f"{error['input']!r} is not valid: {error['msg']}"
-    key = _key_path(loc if loc[:1] == ["pools"] else ["fleet", *loc])
+    key = _key_path(loc if str(loc[0] if loc else "") in tables else ["fleet", *loc])
     return ConfigError(label, key, " ".join(message.split()))
 
 
@@ -693,6 +842,12 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+_EXAMPLE_SCHEDULE: tuple[str, dict[str, Any]] = (
+    "A periodic job, enqueued once per tick by whichever supervisor comes first.",
+    {"kind": "reindex", "cron": "0 2 * * *", "timezone": "Europe/Paris", "payload": {"full": True}},
+)
+
+
 def example_toml() -> str:
     """conf/fleet.example.toml: every key with its default and a one-line comment, from the
     schema, and three example pools (bulk documents every key; the others show overrides)."""
@@ -700,6 +855,8 @@ def example_toml() -> str:
     for name, (about, values) in _EXAMPLE_POOLS.items():
         lines += ["", f"# {about}", f"[pools.{name}]"]
         lines += _documented(PoolConfig, values) if name == "bulk" else _overrides(values)
+    lines += ["", f"# {_EXAMPLE_SCHEDULE[0]}", "[schedules.nightly_reindex]"]
+    lines += _documented(ScheduleConfig, _EXAMPLE_SCHEDULE[1])
     return "\n".join(lines) + "\n"
 
 

@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 
 from supervisor.client import Client
+from supervisor.config import FleetConfig
 from supervisor.errors import FleetdError
 from supervisor.model import Job, JobState
 
@@ -36,19 +37,25 @@ MIX: list[tuple[str, dict[str, object]]] = [
 ]
 
 
+SCHEDULED_WANTED = 3  # the demo runs until this many of its schedules' jobs have finished
+
+
 def run_demo(config_path: str, seconds: float, console: Console | None = None) -> int:
     console = console or Console()
     with Client.from_config(config_path) as client:
         log_path = Path(tempfile.mkdtemp(prefix="fleetd-demo-")) / "supervisor.log"
+        _, before = client.store.arrivals(after_id=None)  # jobs of earlier runs are not ours
         proc = _start_supervisor(config_path, log_path)
         try:
             ids = client.enqueue_many(MIX)
             console.print(f"enqueued {len(ids)} jobs; supervisor pid {proc.pid}, log {log_path}")
-            jobs = _watch(client, ids, seconds, proc, console)
+            jobs = _watch(client, ids, before, seconds, proc, console)
         finally:
             _stop(proc, console)
-    _summary(jobs, console)
-    return 0 if all(j.state in (JobState.DONE, JobState.DEAD) for j in jobs) else 1
+        jobs = [client.get(j.id) for j in jobs]  # as the drain left them
+    _summary(jobs, console, client.config)
+    mix = [j for j in jobs if j.id in set(ids)]
+    return 0 if all(j.state in (JobState.DONE, JobState.DEAD) for j in mix) else 1
 
 
 def _start_supervisor(config_path: str, log_path: Path) -> subprocess.Popen[bytes]:
@@ -61,16 +68,31 @@ def _start_supervisor(config_path: str, log_path: Path) -> subprocess.Popen[byte
         )
 
 
+def _scheduled(client: Client, after_id: int) -> list[Job]:
+    """The jobs this run's schedule ticks enqueued (keys ``schedule:<name>:<tick>``)."""
+    found = client.store.list_jobs(after_id=after_id, limit=10_000)
+    return [j for j in found if (j.key or "").startswith("schedule:")]
+
+
 def _watch(
-    client: Client, ids: list[int], seconds: float, proc: subprocess.Popen[bytes], console: Console
+    client: Client,
+    ids: list[int],
+    after_id: int,
+    seconds: float,
+    proc: subprocess.Popen[bytes],
+    console: Console,
 ) -> list[Job]:
+    """Until every job of the mix is done or dead and a few scheduled ones finished."""
     deadline = time.monotonic() + seconds
+    final = (JobState.DONE, JobState.DEAD)
     jobs = [client.get(i) for i in ids]
     with Live(_table(jobs), console=console, refresh_per_second=4) as live:
         while time.monotonic() < deadline and proc.poll() is None:
-            jobs = [client.get(i) for i in ids]
+            ticks = _scheduled(client, after_id)
+            jobs = [client.get(i) for i in ids] + ticks
             live.update(_table(jobs))
-            if all(j.state in (JobState.DONE, JobState.DEAD) for j in jobs):
+            finished = sum(j.state in final for j in ticks)
+            if all(j.state in final for j in jobs[: len(ids)]) and finished >= SCHEDULED_WANTED:
                 break
             time.sleep(0.25)
     if proc.poll() is not None:
@@ -114,7 +136,14 @@ def _stop(proc: subprocess.Popen[bytes], console: Console) -> None:
         proc.wait()
 
 
-def _summary(jobs: list[Job], console: Console) -> None:
+def _summary(jobs: list[Job], console: Console, config: FleetConfig) -> None:
+    for spec in config.schedule_specs():
+        ticks = [j for j in jobs if (j.key or "").startswith(f"schedule:{spec.name}:")]
+        done = sum(j.state is JobState.DONE for j in ticks)
+        console.print(
+            f"schedule {spec.name} ({spec.timing.describe()}): {len(ticks)} tick(s) enqueued, "
+            f"{done} done; last for {ticks[-1].payload.get('scheduled_for') if ticks else '-'}"
+        )
     states = Counter(str(j.state) for j in jobs)
     kinds = Counter(str(j.error_kind) for j in jobs if j.state is JobState.DEAD)
     console.print(
@@ -123,5 +152,6 @@ def _summary(jobs: list[Job], console: Console) -> None:
         f"{states['queued'] + states['leased']} unfinished"
     )
     console.print(
-        "Look closer: fleetd jobs -c conf/demo.toml --state dead; fleetd dlq list -c conf/demo.toml"
+        "Look closer: fleetd jobs -c conf/demo.toml --state dead; "
+        "fleetd dlq list -c conf/demo.toml; fleetd schedules -c conf/demo.toml"
     )

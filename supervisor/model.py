@@ -259,3 +259,81 @@ class Job:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
+
+
+# ---- schedules (supervisor/schedules.py decides, supervisor/store/schedule_table.py stores) ----
+
+
+@dataclass(frozen=True, slots=True)
+class TickJob:
+    """A recent tick of a schedule and its job as the store holds it now (``state`` None: the
+    job row is gone, pruned after the retention or purged)."""
+
+    tick: float  # Unix seconds
+    job_id: int
+    state: JobState | None = None
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """A schedule's row: what every supervisor decides its ticks from.
+
+    ``through``: every tick at or before it has been decided (enqueued, or missed or skipped by
+    the schedule's policies); a schedule seen for the first time starts at that moment, so
+    nothing is backfilled. ``recent``: the last ticks enqueued, oldest first."""
+
+    name: str
+    created_at: float
+    through: float
+    last_tick: float | None = None
+    last_job_id: int | None = None
+    missed: int = 0  # ticks never enqueued (catch_up or overlap), fleet-wide, since created
+    last_success_at: float | None = None  # when a tick's job last finished done
+    recent: tuple[TickJob, ...] = ()
+
+    @property
+    def last(self) -> TickJob | None:
+        """The latest tick enqueued, with its job's state."""
+        return self.recent[-1] if self.recent else None
+
+    def busy(self) -> bool:
+        """Whether the last tick's job is queued (waiting, or for a retry) or leased."""
+        last = self.last
+        return last is not None and last.state in (JobState.QUEUED, JobState.LEASED)
+
+    def latest_success(self) -> float | None:
+        """The latest finish of a done job: the row's, or one of the recent ticks'."""
+        done = [t.finished_at for t in self.recent if t.state == JobState.DONE and t.finished_at]
+        return max([*done, *filter(None, [self.last_success_at])], default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRead:
+    """Schedule rows as read at ``now`` (the store's clock: the database's on PostgreSQL)."""
+
+    now: float
+    states: dict[str, ScheduleState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAdvance:
+    """One decision about a schedule, written in one transaction by ``Store.advance_schedule``:
+    move ``through`` from ``expected`` to ``through`` (a compare-and-set: it takes only if the
+    row still says ``expected``), enqueue ``jobs`` (their ticks, with their keyed jobs), and
+    add ``missed`` to the row's count of ticks never enqueued."""
+
+    name: str
+    expected: float
+    through: float
+    jobs: tuple[tuple[float, NewJob], ...] = ()
+    missed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdvanceOutcome:
+    """Whether the advance took (False: another supervisor decided these ticks first, and
+    nothing was written), and the job id of each tick enqueued."""
+
+    took: bool
+    enqueued: tuple[tuple[float, int], ...] = ()

@@ -20,6 +20,7 @@ from typing import Any
 
 from supervisor.model import PoolStats, iso
 from supervisor.observe import health
+from supervisor.observe.schedview import ScheduleSummary
 from supervisor.observe.snapshot import FleetSnapshot, PoolView, WorkerView
 
 GONE_AFTER = 10.0  # seconds without a heartbeat: gone (the supervisor writes every second)
@@ -109,6 +110,7 @@ class FleetView:
     hidden_nodes: int
     verdict: health.Verdict
     recent_lease_expiries: int = 0
+    schedules: tuple[ScheduleSummary, ...] = ()  # supervisor/observe/schedview.py
 
     @property
     def workers(self) -> list[WorkerRow]:
@@ -140,6 +142,7 @@ class FleetView:
             "pools": {p.name: {**asdict(p), "provisioned": p.provisioned} for p in self.pools},
             "nodes": [_node_dict(n) for n in self.nodes],
             "hidden_nodes": self.hidden_nodes,
+            "schedules": [s.to_dict() for s in self.schedules],
         }
 
 
@@ -218,9 +221,10 @@ def build_view(
     stats: Mapping[str, PoolStats],
     rows: Iterable[Mapping[str, Any]],
     now: float,
+    schedules: tuple[ScheduleSummary, ...] = (),
 ) -> FleetView:
     """The view: ``configured`` pools (name → PoolConfig) and the store's ``stats`` for them,
-    every node row, and ``now`` (Unix seconds)."""
+    every node row, ``now`` (Unix seconds), and the schedules (``schedview.summarize``)."""
     all_nodes = [node_view(r) for r in rows]
     nodes = tuple(sorted((n for n in all_nodes if _shown(n)), key=lambda n: (n.status, n.node_id)))
     live = [n for n in nodes if n.live]
@@ -258,6 +262,7 @@ def build_view(
         hidden_nodes=len(all_nodes) - len(nodes),
         verdict=health.Verdict(not problems, tuple(problems)),
         recent_lease_expiries=sum(n.snapshot.recent_lease_expiries for n in live if n.snapshot),
+        schedules=schedules,
     )
 
 

@@ -152,6 +152,25 @@ METRICS: tuple[MetricDef, ...] = (
         "gauge",
         "Seconds the oldest unanswered store call has waited (0: none waits)",
     ),
+    MetricDef(
+        "fleetd_schedule_last_success_timestamp_seconds",
+        "gauge",
+        "When a job of the schedule last finished done, Unix seconds (fleet-wide, from the store)",
+        ("schedule",),
+    ),
+    MetricDef(
+        "fleetd_schedule_ticks_total",
+        "counter",
+        "Ticks this supervisor decided, by outcome: on_time, late (enqueued by catch-up), "
+        "missed (not enqueued: catch_up), skipped (not enqueued: overlap)",
+        ("schedule", "outcome"),
+    ),
+    MetricDef(
+        "fleetd_schedule_late_seconds",
+        "gauge",
+        "Seconds a due tick has waited past its grace without being decided (0: none)",
+        ("schedule",),
+    ),
     MetricDef("fleetd_draining", "gauge", "1 while the supervisor drains"),
     MetricDef("fleetd_healthy", "gauge", "1 when /healthz answers 200"),
     MetricDef("fleetd_uptime_seconds", "gauge", "Seconds since the supervisor started"),
@@ -182,6 +201,25 @@ def _per_pool_key(
         return out
 
     return samples
+
+
+SCHEDULE_OUTCOMES = ("on_time", "late", "missed", "skipped")
+
+
+def _last_success(snap: FleetSnapshot) -> Samples:
+    return [
+        ((s.name,), float(s.last_success_at))
+        for s in snap.schedules.values()
+        if s.last_success_at is not None
+    ]
+
+
+def _schedule_ticks(snap: FleetSnapshot) -> Samples:
+    return [
+        ((s.name, outcome), float(s.ticks.get(outcome, 0)))
+        for s in snap.schedules.values()
+        for outcome in SCHEDULE_OUTCOMES
+    ]
 
 
 def _node(value: Callable[[FleetSnapshot], float]) -> Callable[[FleetSnapshot], Samples]:
@@ -226,6 +264,11 @@ SAMPLES: dict[str, Callable[[FleetSnapshot], Samples]] = {
     "fleetd_store_errors_total": _node(lambda s: s.store_errors),
     "fleetd_store_up": _node(lambda s: 1.0 if s.store_ok else 0.0),
     "fleetd_store_wait_seconds": _node(lambda s: s.store_wait or 0.0),
+    "fleetd_schedule_last_success_timestamp_seconds": _last_success,
+    "fleetd_schedule_ticks_total": _schedule_ticks,
+    "fleetd_schedule_late_seconds": lambda snap: [
+        ((s.name,), s.late_for) for s in snap.schedules.values()
+    ],
     "fleetd_draining": _node(lambda s: 1.0 if s.state == "draining" else 0.0),
     "fleetd_healthy": _node(lambda s: 1.0 if judge(s).healthy else 0.0),
     "fleetd_uptime_seconds": _node(lambda s: s.uptime),

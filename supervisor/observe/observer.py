@@ -107,6 +107,7 @@ class Observer:
         pinger: Any,
         scaling: Mapping[str, Any] | None = None,
         store_waiting_since: float | None = None,
+        schedules: Mapping[str, Any] | None = None,
     ) -> FleetSnapshot:
         """The snapshot of this instant; also kept as ``latest``."""
         self._sample(now, counters)
@@ -136,6 +137,7 @@ class Observer:
             boot_failures=counters.worker_boot_failures,
             recent_lease_expiries=int(self.series.delta("lease_expiries", now, RECENT_WINDOW)),
             pools=views,
+            schedules=dict(schedules or {}),
         )
         self.latest, self.latest_at = snap, now
         return snap

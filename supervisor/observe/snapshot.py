@@ -136,6 +136,27 @@ class PoolView:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """One schedule as this supervisor's last pass saw it. The row's figures (last tick,
+    success, missed) are fleet-wide; ``ticks`` counts what this node decided, by outcome
+    (on_time, late: enqueued by catch-up, missed: not enqueued by catch_up, skipped: by
+    overlap)."""
+
+    name: str
+    kind: str = ""
+    timing: str = ""  # 'every 5s' or 'cron "0 2 * * *" (Europe/Paris)'
+    policies: str = ""
+    last_tick: float | None = None  # Unix seconds of the latest tick enqueued
+    last_job: int | None = None
+    last_state: str | None = None  # its job's state; None: not read, or the row is gone
+    last_success_at: float | None = None
+    next_tick: float | None = None
+    late_for: float = 0.0  # seconds a due tick has waited past its grace, undecided
+    missed: int = 0  # ticks never enqueued, fleet-wide, since the schedule was first seen
+    ticks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class FleetSnapshot:
     """One supervisor at one instant (its node row's ``snapshot``)."""
 
@@ -158,6 +179,7 @@ class FleetSnapshot:
     boot_failures: int = 0
     recent_lease_expiries: int = 0
     pools: dict[str, PoolView] = field(default_factory=dict)
+    schedules: dict[str, ScheduleView] = field(default_factory=dict)
     schema: int = SCHEMA
 
     @property
@@ -173,7 +195,12 @@ class FleetSnapshot:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FleetSnapshot:
         pools = {name: _pool_from_dict(name, p) for name, p in (data.get("pools") or {}).items()}
-        return cls(**{**_known(cls, data), "pools": pools})
+        schedules = {
+            name: ScheduleView(**{**_known(ScheduleView, s), "name": name})
+            for name, s in (data.get("schedules") or {}).items()
+            if isinstance(s, dict)
+        }
+        return cls(**{**_known(cls, data), "pools": pools, "schedules": schedules})
 
     @classmethod
     def from_json(cls, text: str) -> FleetSnapshot:

@@ -260,6 +260,18 @@ def _problem_lines(view: FleetView, limit: int) -> list[Text]:
     return lines
 
 
+def _schedule_lines(view: FleetView) -> list[Text]:
+    """Schedules whose last tick failed or that are late; the others say nothing here."""
+    return [
+        _line(
+            Text(f"! schedule {s.name}: ", style="bold yellow"),
+            Text(s.detail(), style="yellow"),
+        )
+        for s in view.schedules
+        if s.problem
+    ]
+
+
 # ---- workers ------------------------------------------------------------------------------
 
 
@@ -346,6 +358,9 @@ def render(view: FleetView, width: int = 80, height: int | None = None) -> Rende
     problems = _problem_lines(view, 3 if height is not None and height < 40 else 8)
     parts.extend(problems)
     used += len(problems)
+    schedules = _schedule_lines(view)
+    parts.extend(schedules)
+    used += len(schedules)
     rows = view.workers
     if not rows:
         return Group(*parts)

@@ -6,6 +6,38 @@ from rich.console import Console
 from rich.table import Table
 
 from supervisor.model import Job, iso
+from supervisor.observe.schedview import ScheduleSummary
+
+
+def _console(console: Console | None) -> Console:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped: one line a row, for grep, not wrapped at 80
+            console = Console(width=100_000)
+    return console
+
+
+def schedules_table(found: tuple[ScheduleSummary, ...], console: Console | None = None) -> None:
+    """Print schedules: status, timing, last tick (job, state), next tick, last success."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    columns = ("schedule", "status", "kind", "when", "last tick", "job", "state", "next tick")
+    for name in (*columns, "last success", "missed", "policies"):
+        table.add_column(name, overflow="fold")
+    for s in found:
+        table.add_row(
+            s.name,
+            s.status,
+            s.kind,
+            s.timing,
+            (iso(s.last_tick) or "-")[:19],
+            str(s.last_job or "-"),
+            s.last_state or ("-" if s.last_tick is None else "gone"),
+            (iso(s.next_ticks[0]) or "-")[:19] if s.next_ticks else "-",
+            (iso(s.last_success_at) or "-")[:19],
+            str(s.missed),
+            s.policies,
+        )
+    _console(console).print(table if found else "no schedules")
 
 
 def jobs_table(found: list[Job], console: Console | None = None) -> None:

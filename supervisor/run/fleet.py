@@ -8,6 +8,7 @@
     │ watchdog → kill orders (deadline, RSS)                    │
     │ per pool: heartbeat, claim, assign                        │
     │ flush results, reap expired leases, publish the node row  │
+    │ a schedule pass when the next tick is due                 │
     │ spawn workers up to the target (with boot backoff)        │
     └───────────────────────────────────────────────────────────┘
 
@@ -52,6 +53,7 @@ from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.pinger import Pinger
 from supervisor.run.pool import Pool
 from supervisor.run.scaler import Scaler
+from supervisor.run.scheduler import Scheduler
 from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
 from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
@@ -100,6 +102,9 @@ class Fleet:
         self.housekeeping = Housekeeping(
             self.chores, self.clock, self.counters, self.dispatcher.health
         )
+        self.scheduler = Scheduler(
+            self.chores, config.schedule_specs(), self.clock, self.dispatcher.health
+        )
         self.drain = Drain(config.grace_period)
         self.memcg = MemoryCgroups(enabled=config.memory_cgroup, pid=self.pid)
         self.loop: Loop | None = None
@@ -147,6 +152,7 @@ class Fleet:
                 self.run_watchdog(now)
                 self.dispatch(now)
                 self.scaler.tick(now, draining=self.drain.active)
+                self.scheduler.tick(now, draining=self.drain.active)
                 self.spawn(now)
                 self.publish(now)
                 self.advance_drain(now)
@@ -236,6 +242,8 @@ class Fleet:
                 due.append(self.scaler.next_eval)
             if not self.housekeeping.reaping:
                 due.append(max(self.housekeeping.next_reap, d.store_retry_at))
+            if (pass_at := self.scheduler.due_at()) is not None:
+                due.append(pass_at)
         if d.outbox.todo and d.outbox.writing is None:
             due.append(max(d.acks_due, d.store_retry_at))
         for pool in self.pools.values():
@@ -595,6 +603,7 @@ class Fleet:
             pinger=self.pinger,
             store_waiting_since=self.store_waiting_since(),
             scaling=self.scaler.scaling,
+            schedules=self.scheduler.views(self.clock.monotonic()),
         ).to_json()
 
     def listen_metrics(self) -> None:

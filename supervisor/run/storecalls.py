@@ -168,6 +168,13 @@ def reap_described(store: Any, read_at_most: int) -> tuple[ReapOutcome, list[Job
     return out, [r for r in rows if r is not None]
 
 
+def schedule_pass(store: Any, specs: Any) -> Any:
+    """One pass over the schedules (supervisor/run/schedulepass.py: read, plan, advance)."""
+    from supervisor.run import schedulepass
+
+    return schedulepass.schedule_pass(store, specs)
+
+
 def observer_read(store: Any, pools: list[str], after_id: int | None) -> tuple[Any, Any]:
     """The status figures: per-pool stats and enqueues since ``after_id``."""
     return store.stats(pools), store.arrivals(after_id=after_id)
@@ -186,4 +193,5 @@ PROCEDURES = {
     "reap_described": reap_described,
     "observer_read": observer_read,
     "scaler_read": scaler_read,
+    "schedule_pass": schedule_pass,
 }

@@ -12,6 +12,7 @@ from supervisor.clock import Clock
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import (
     Ack,
+    AdvanceOutcome,
     Claimed,
     ClaimLimits,
     FailOutcome,
@@ -24,6 +25,8 @@ from supervisor.model import (
     PoolStats,
     ReapOutcome,
     RetryBudget,
+    ScheduleAdvance,
+    ScheduleRead,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +92,10 @@ class Store(Protocol):
     def list_nodes(self) -> list[dict[str, Any]]: ...
     def arrivals(self, *, after_id: int | None) -> tuple[dict[str, int], int]: ...
     def waker(self) -> Any: ...
+    def schedule_states(self, names: Collection[str] | None = None) -> ScheduleRead: ...
+    def register_schedules(self, names: Collection[str]) -> None: ...
+    def advance_schedule(self, advance: ScheduleAdvance) -> AdvanceOutcome: ...
+    def note_schedule_success(self, name: str, at: float) -> bool: ...
 
 
 def display_url(url: str) -> str:

@@ -79,11 +79,17 @@ def _v4_postgres_partial_indexes(conn: Connection, dialect: str) -> None:
         conn.execute(CreateIndex(index, if_not_exists=True))
 
 
+def _v5_schedules(conn: Connection, dialect: str) -> None:
+    """The schedule rows and their recent ticks (supervisor/store/schedule_table.py)."""
+    schema.metadata.create_all(conn, tables=[schema.schedules, schema.schedule_ticks])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_tables,
     _v2_postgres_vacuum,
     _v3_caps_and_retry_budget,
     _v4_postgres_partial_indexes,
+    _v5_schedules,
 )
 LATEST = len(MIGRATIONS)
 

@@ -178,3 +178,32 @@ retry_budget = Table(
     Column("retries", Integer, nullable=False, server_default=text("0")),  # retried at once
     Column("deferred", Integer, nullable=False, server_default=text("0")),  # past the budget
 )
+
+# Schedules (migration 5; supervisor/store/schedule_table.py). One row per schedule name:
+# ``through`` is the compare-and-set point every supervisor advances (each tick at or before
+# it is decided), ``last_tick`` / ``last_job_id`` the latest tick enqueued. Ticks are Unix
+# seconds like every other time column.
+schedules = Table(
+    "fleetd_schedules",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("created_at", _Time, nullable=False),  # first seen: no tick before it is due
+    Column("through", _Time, nullable=False),
+    Column("last_tick", _Time),
+    Column("last_job_id", BigInteger),
+    Column("missed", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_success_at", _Time),
+    Column("updated_at", _Time, nullable=False),
+)
+
+# The last ``TICKS_KEPT`` ticks enqueued per schedule, with their jobs: whether the last one
+# is still queued or running (overlap), and when one last finished done, even while a later
+# tick's job runs.
+TICKS_KEPT = 10
+schedule_ticks = Table(
+    "fleetd_schedule_ticks",
+    metadata,
+    Column("schedule", String(200), primary_key=True),
+    Column("tick", _Time, primary_key=True),
+    Column("job_id", BigInteger, nullable=False),
+)

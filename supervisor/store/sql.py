@@ -14,7 +14,8 @@ a lease token is made, connection set-up, and the wake-up channel. Around the ve
 - rows.py: a claim's columns and order, rows as ``Job``, bound values;
 - capped.py: the claim with fleet-wide caps and fair shares (``CappedClaims``, a mixin of this
   class), on top of fair.py;
-- budget.py: the retry budget's counters, written by claim and fail.
+- budget.py: the retry budget's counters, written by claim and fail;
+- schedule_table.py: the schedule rows and their guarded advance (``ScheduleTable``, a mixin).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from supervisor.store.rows import (
     job_params,
     lease_pairs,
 )
+from supervisor.store.schedule_table import ScheduleTable
 from supervisor.store.schema import KEYED, jobs, nodes
 
 QUEUED, LEASED, DONE, DEAD = (s.value for s in JobState)
@@ -97,7 +99,7 @@ class _Partial(Exception):
     """Inside the store only: a batched write did not take for every row; roll it back."""
 
 
-class SqlStore(CappedClaims):
+class SqlStore(CappedClaims, ScheduleTable):
     """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
 
     dialect = "sql"

@@ -62,9 +62,14 @@ def toml_value(value: Any) -> str:
 
 
 def write_config(
-    folder: Path, database: str, pools: dict[str, dict[str, Any]], **fleet: Any
+    folder: Path,
+    database: str,
+    pools: dict[str, dict[str, Any]],
+    schedules: dict[str, dict[str, Any]] | None = None,
+    **fleet: Any,
 ) -> Path:
-    """Write ``folder/fleet.toml``; ``fleet`` keys override the short test defaults."""
+    """Write ``folder/fleet.toml``; ``fleet`` keys override the short test defaults;
+    ``schedules`` become ``[schedules.NAME]`` tables."""
     settings = {
         "database": database,
         "python_path": [str(REPO)],
@@ -74,6 +79,8 @@ def write_config(
     lines = ["[fleet]", *(f"{k} = {toml_value(v)}" for k, v in settings.items()), ""]
     for name, keys in pools.items():
         lines += [f"[pools.{name}]", *(f"{k} = {toml_value(v)}" for k, v in keys.items()), ""]
+    for name, keys in (schedules or {}).items():
+        lines += [f"[schedules.{name}]", *(f"{k} = {toml_value(v)}" for k, v in keys.items()), ""]
     path = folder / "fleet.toml"
     path.write_text("\n".join(lines))
     return path
@@ -275,8 +282,13 @@ class Harness:
         self.client: Client | None = None
         self.exec_log = folder / "executions.jsonl"
 
-    def configure(self, pools: dict[str, dict[str, Any]], **fleet: Any) -> Path:
-        self.config = write_config(self.folder, self.database, pools, **fleet)
+    def configure(
+        self,
+        pools: dict[str, dict[str, Any]],
+        schedules: dict[str, dict[str, Any]] | None = None,
+        **fleet: Any,
+    ) -> Path:
+        self.config = write_config(self.folder, self.database, pools, schedules, **fleet)
         self.client = Client(load_config(self.config), self.store)
         return self.config
 

@@ -11,6 +11,7 @@ from supervisor.config import (
     FleetConfig,
     MemoryBudget,
     PoolConfig,
+    ScheduleConfig,
     example_toml,
     load_config,
     parse_config,
@@ -505,7 +506,7 @@ def test_unknown_pool_keys(tmp_path: Path, line: str, key: str, suggestion: str 
 def test_unknown_fleet_keys(tmp_path: Path, text: str, key: str, suggestion: str | None) -> None:
     message = error(tmp_path, text)
     assert message.startswith(f"{key}: unknown key (")
-    assert ("known: fleet, pools)" in message) == ("." not in key)
+    assert ("known: fleet, pools, schedules)" in message) == ("." not in key)
     if suggestion:
         assert f"did you mean {suggestion!r}?" in message
 
@@ -580,10 +581,77 @@ def test_example_loads() -> None:
 
 def test_example_documents_every_key() -> None:
     text = example_toml()
-    for model, not_keys in ((FleetConfig, {"path", "pools"}), (PoolConfig, {"name"})):
+    tables = ((FleetConfig, {"path", "pools", "schedules"}), (PoolConfig, {"name"}))
+    for model, not_keys in (*tables, (ScheduleConfig, {"name"})):
         for key, field in model.model_fields.items():
             if key in not_keys:
                 continue
             assert f"\n{key} = " in text or f"\n# {key} = " in text, key
             assert f"# {field.description}" in text, key
     assert text.endswith("\n") and not text.endswith("\n\n")
+
+
+# ---- schedules ----
+
+REINDEX = '[pools.bulk]\nhandlers = { reindex = "app.jobs:reindex" }\n'
+
+
+def schedule(lines: str) -> str:
+    return REINDEX + '[schedules.nightly]\nkind = "reindex"\n' + lines
+
+
+def test_schedule_defaults_and_spec(tmp_path: Path) -> None:
+    config = load(tmp_path, schedule('cron = "0 2 * * *"\ntimezone = "Europe/Paris"\n'))
+    s = config.schedules["nightly"]
+    assert (s.catch_up, s.catch_up_max, s.overlap, s.payload) == ("once", 10, "skip", "{}")
+    (spec,) = config.schedule_specs()
+    assert (spec.pool, spec.max_deliveries, spec.timing.timezone) == ("bulk", 3, "Europe/Paris")
+    every = load(tmp_path, schedule('every = "5m"\npayload = { full = true }\npriority = 2\n'))
+    (spec,) = every.schedule_specs()
+    assert spec.timing.every == 300 and spec.payload == '{"full":true}' and spec.priority == 2
+
+
+SCHEDULE_ERRORS = [
+    ('cron = "61 * * * *"\n', "schedules.nightly.cron", ["'61 * * * *' is not a cron", "minute"]),
+    ('cron = "0 0 30 2 *"\n', "schedules.nightly.cron", ["day-of-month"]),
+    ('cron = "@daily"\n', "schedules.nightly.cron", ["number of fields"]),
+    ("", "schedules.nightly", ["neither cron nor every"]),
+    ('cron = "0 2 * * *"\nevery = "1h"\n', "schedules.nightly.every", ["both cron and every"]),
+    ('every = "1.5s"\n', "schedules.nightly.every", ["whole number of seconds"]),
+    ('every = "0s"\n', "schedules.nightly.every", ["is zero"]),
+    (
+        'cron = "0 2 * * *"\ntimezone = "Europe/Pariss"\n',
+        "schedules.nightly.timezone",
+        ["'Europe/Pariss' is not a time zone"],
+    ),
+    ('every = "1h"\ntimezone = "Europe/Paris"\n', "schedules.nightly.timezone", ["with every"]),
+    ('every = "1h"\ncatch_up = "twice"\n', "schedules.nightly.catch_up", ["'twice'"]),
+    ('every = "1h"\ncatch_up_max = 0\n', "schedules.nightly.catch_up_max", ["too small"]),
+    ('every = "1h"\noverlap = "queue"\n', "schedules.nightly.overlap", ["'queue'"]),
+    ('every = "1h"\npayload = [1]\n', "schedules.nightly.payload", ["not a table"]),
+    (
+        'every = "1h"\npayload = { scheduled_for = 1 }\n',
+        "schedules.nightly.payload.scheduled_for",
+        ["set by fleetd"],
+    ),
+    ('every = "1h"\npayload = { at = 1979-05-27 }\n', "schedules.nightly.payload", ["not JSON"]),
+    ('every = "1h"\npriority = "high"\n', "schedules.nightly.priority", ["not an integer"]),
+    ('every = "1h"\ncronn = "x"\n', "schedules.nightly.cronn", ["did you mean 'cron'"]),
+]
+
+
+@pytest.mark.parametrize(("lines", "key", "fragments"), SCHEDULE_ERRORS)
+def test_schedule_errors(tmp_path: Path, lines: str, key: str, fragments: list[str]) -> None:
+    message = error(tmp_path, schedule(lines))
+    assert message.startswith(f"{key}: "), message
+    assert "(expected " in message or "known: " in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_schedule_of_an_unknown_kind(tmp_path: Path) -> None:
+    text = REINDEX + '[schedules.nightly]\nkind = "render"\nevery = "1h"\n'
+    message = error(tmp_path, text)
+    assert message.startswith("schedules.nightly.kind: 'render' is not a kind of any pool")
+    assert "'reindex'" in message
+    assert error(tmp_path, REINDEX + "[schedules]\nx = 1\n").startswith("schedules.x: 1 is not")

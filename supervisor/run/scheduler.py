@@ -1,0 +1,141 @@
+"""``Scheduler``: the loop's side of schedules. It asks for a pass (``schedule_pass``,
+supervisor/run/schedulepass.py) on the chores link when the next tick is due, one pass in
+flight at a time, and keeps what the last pass said for the snapshot, metrics and logs.
+
+Leaderless: every supervisor with schedules in its config runs passes; the schedule table's
+guarded advance makes the first one to reach a tick enqueue it and the others find it done.
+Timing: the pass reports the store's ``now`` and the next tick, and the next pass is sent that
+many seconds after the reply's ``started`` (the monotonic clock every process of the host
+shares), and at least every ``MAX_WAIT`` (a config that changed on another node, the clock
+stepped): a tick is enqueued well within a second of its time while any supervisor runs. A
+draining supervisor stops passing; the others carry on.
+
+Owned by the supervisor's main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from supervisor.clock import Clock
+from supervisor.errors import StoreUnavailable
+from supervisor.model import iso
+from supervisor.observe.snapshot import ScheduleView
+from supervisor.run.outbox import StoreHealth
+from supervisor.run.schedulepass import PassReport, ScheduleOutcome
+from supervisor.run.storelink import Reply
+from supervisor.schedules import ScheduleSpec, lateness
+
+log = logging.getLogger("fleetd.schedules")
+MAX_WAIT = 5.0  # seconds between passes at most
+EARLY = 0.005  # a pass sent this much after the tick: the store's clock has passed it
+RETRY_AFTER_ERROR = 1.0
+OUTCOMES = ("on_time", "late", "missed", "skipped")
+
+
+class Scheduler:
+    def __init__(
+        self, chores: Any, specs: Sequence[ScheduleSpec], clock: Clock, health: StoreHealth
+    ) -> None:
+        self.chores = chores
+        self.specs = tuple(specs)
+        self.clock = clock
+        self.health = health
+        self.passing = False  # a pass is in flight
+        self.next_pass = 0.0  # monotonic; the first pass at the first tick of the loop
+        self.report: PassReport | None = None
+        self.report_at = 0.0  # monotonic: when the report's ``now`` was read
+        # ticks this node decided, per (schedule, outcome): the metrics' counter
+        self.ticks: Counter[tuple[str, str]] = Counter()
+
+    def tick(self, now: float, *, draining: bool) -> None:
+        """Send a pass when one is due (never during a drain or a store backoff)."""
+        if not self.specs or draining or self.passing:
+            return
+        if now < self.next_pass or now < self.health.retry_at:
+            return
+        self.passing = True
+        self.chores.submit("schedule_pass", self.specs, on_reply=self._passed)
+
+    def due_at(self) -> float | None:
+        """When the loop must wake for the next pass (None: none is waited for)."""
+        if not self.specs or self.passing:
+            return None
+        return max(self.next_pass, self.health.retry_at)
+
+    def _passed(self, reply: Reply) -> None:
+        self.passing = False
+        now = self.clock.monotonic()
+        if reply.error is not None:
+            self.next_pass = now + RETRY_AFTER_ERROR
+            if isinstance(reply.error, StoreUnavailable):
+                self.health.failed(now, "schedules", reply.error)
+            else:
+                log.error("schedules: pass failed: %s", reply.error)
+            return
+        report: PassReport = reply.value
+        self.report, self.report_at = report, reply.started
+        wait = MAX_WAIT
+        if report.next_tick is not None:
+            wait = min(MAX_WAIT, max(0.0, report.next_tick - report.now) + EARLY)
+        self.next_pass = reply.started + wait
+        for outcome in report.outcomes:
+            if outcome.took:
+                self._account(outcome)
+
+    def _account(self, o: ScheduleOutcome) -> None:
+        p = o.plan
+        for key, n in zip(OUTCOMES, (p.on_time, p.late, p.missed, p.skipped), strict=True):
+            if n:
+                self.ticks[(o.name, key)] += n
+        jobs = ", ".join(f"{iso(t)} (job {job})" for t, job in o.enqueued) or "none"
+        if not (p.late or p.missed or p.skipped):
+            log.debug("schedule %s: enqueued %s", o.name, jobs)
+            return
+        spec = next(s for s in self.specs if s.name == o.name)
+        level = logging.WARNING if p.late or p.missed else logging.INFO  # downtime vs overlap
+        log.log(
+            level,
+            "schedule %s: %d tick(s) late (no supervisor ran it at their time), %d caught up, "
+            "%d not enqueued by catch_up %s, %d skipped by overlap %s; enqueued: %s",
+            o.name,
+            p.late + p.missed,
+            p.late,
+            p.missed,
+            spec.catch_up,
+            p.skipped,
+            spec.overlap,
+            jobs,
+        )
+
+    def views(self, now: float) -> dict[str, ScheduleView]:
+        """Each schedule as the last pass left it (for the snapshot)."""
+        report = self.report
+        out = {}
+        for spec in self.specs:
+            state = report.states.get(spec.name) if report else None
+            plan = (
+                next((o.plan for o in report.outcomes if o.name == spec.name), None)
+                if report
+                else None
+            )
+            store_now = report.now + (now - self.report_at) if report else None
+            last = state.last if state else None
+            out[spec.name] = ScheduleView(
+                name=spec.name,
+                kind=spec.kind,
+                timing=spec.timing.describe(),
+                policies=spec.policies(),
+                last_tick=last.tick if last else None,
+                last_job=last.job_id if last else None,
+                last_state=str(last.state) if last and last.state else None,
+                last_success_at=state.latest_success() if state else None,
+                next_tick=plan.next_tick if plan else None,
+                late_for=lateness(spec, state, store_now) if store_now is not None else 0.0,
+                missed=state.missed if state else 0,
+                ticks={k: self.ticks[(spec.name, k)] for k in OUTCOMES},
+            )
+        return out

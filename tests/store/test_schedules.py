@@ -1,0 +1,180 @@
+"""The schedule table's verbs on both engines: first sight starts now, the advance is a
+compare-and-set that enqueues and updates in one transaction, racing processes make one job
+per tick, and the last success survives a later tick's job running."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+from typing import Any
+
+import pytest
+
+from supervisor.model import Ack, JobState, ScheduleAdvance
+from supervisor.run.schedulepass import schedule_pass
+from supervisor.schedules import ScheduleSpec, Timing, tick_job, tick_key
+from supervisor.store import open_store
+from supervisor.store.schema import TICKS_KEPT
+
+SPEC = ScheduleSpec(
+    name="sync",
+    timing=Timing.of(None, 10),
+    kind="echo",
+    pool="bulk",
+    max_deliveries=3,
+    catch_up="all",
+    catch_up_max=3,
+    overlap="allow",
+)
+
+
+def advance(store: Any, expected: float, ticks: list[float], missed: int = 0) -> Any:
+    jobs = tuple((t, tick_job(SPEC, t)) for t in ticks)
+    return store.advance_schedule(ScheduleAdvance("sync", expected, ticks[-1], jobs, missed))
+
+
+def test_a_schedule_seen_first_starts_now_and_registering_again_changes_nothing(store, clock):
+    assert store.schedule_states(["sync"]).states == {}
+    store.register_schedules(["sync"])
+    first = store.schedule_states(["sync"]).states["sync"]
+    assert first.through == first.created_at == clock.now() and first.last_tick is None
+    clock.advance(30)
+    store.register_schedules(["sync"])
+    assert store.schedule_states(["sync"]).states["sync"] == first
+    assert set(store.schedule_states().states) == {"sync"}  # None: every row
+
+
+def test_advance_is_a_compare_and_set_that_enqueues_in_the_same_transaction(store, clock):
+    store.register_schedules(["sync"])
+    start = store.schedule_states(["sync"]).states["sync"].through
+    t1 = (start // 10 + 1) * 10
+    done = advance(store, start, [t1], missed=2)
+    assert done.took and [t for t, _ in done.enqueued] == [t1]
+    (_, job_id) = done.enqueued[0]
+    job = store.get(job_id)
+    assert job.key == tick_key("sync", t1) and job.payload["scheduled_for"].endswith("Z")
+    # a second supervisor with the same plan: refused, nothing written
+    again = advance(store, start, [t1], missed=2)
+    assert not again.took and again.enqueued == ()
+    assert [j.id for j in store.list_jobs()] == [job_id]
+    row = store.schedule_states(["sync"]).states["sync"]
+    assert (row.through, row.last_tick, row.last_job_id, row.missed) == (t1, t1, job_id, 2)
+    assert [(t.tick, t.job_id, t.state) for t in row.recent] == [(t1, job_id, JobState.QUEUED)]
+
+
+def test_an_existing_key_is_the_tick_s_job(store, clock):
+    """Were a tick ever enqueued outside the advance (a key typed by hand), it stays one job."""
+    store.register_schedules(["sync"])
+    start = store.schedule_states(["sync"]).states["sync"].through
+    t1 = (start // 10 + 1) * 10
+    existing = store.enqueue(tick_job(SPEC, t1))
+    assert advance(store, start, [t1]).enqueued == ((t1, existing),)
+    assert len(store.list_jobs()) == 1
+
+
+def advance_n(store: Any, n: int) -> list[int]:
+    """Enqueue the next ``n`` ticks, one advance each; their job ids."""
+    store.register_schedules(["sync"])
+    through = store.schedule_states(["sync"]).states["sync"].through
+    ids = []
+    for _ in range(n):
+        tick = (through // 10 + 1) * 10
+        ids.append(advance(store, through, [tick]).enqueued[0][1])
+        through = tick
+    return ids
+
+
+def test_recent_ticks_are_trimmed(store, clock):
+    ids = advance_n(store, TICKS_KEPT + 3)
+    row = store.schedule_states(["sync"]).states["sync"]
+    assert [t.job_id for t in row.recent] == ids[-TICKS_KEPT:]
+    assert row.last_job_id == ids[-1]
+
+
+def test_the_last_success_is_seen_while_a_later_tick_s_job_waits(store, clock):
+    first, second = advance_n(store, 2)
+    (claimed,) = store.claim(pool="bulk", kinds={"echo"}, n=1, node="n", lease=30)
+    assert claimed.job_id == first
+    clock.advance(5)
+    store.ack([Ack(claimed.lease)])
+    row = store.schedule_states(["sync"]).states["sync"]
+    assert row.busy() and row.last.job_id == second  # overlap = "skip" would wait
+    assert row.latest_success() == clock.now() and row.last_success_at is None
+    assert store.note_schedule_success("sync", clock.now())
+    assert not store.note_schedule_success("sync", clock.now() - 1)  # never goes back
+    assert store.schedule_states(["sync"]).states["sync"].last_success_at == clock.now()
+
+
+def test_a_pass_catches_up_from_the_stored_row(store, clock):
+    """The store process's pass: registers, plans from the row, writes; after a gap of five
+    periods, ``catch_up = "all"`` (max 3) enqueues the three latest missed and the current."""
+    assert schedule_pass(store, [SPEC]).outcomes[0].enqueued == ()
+    clock.advance(10)
+    first = schedule_pass(store, [SPEC]).outcomes[0]
+    assert first.took and len(first.enqueued) == 1 and first.plan.on_time == 1
+    clock.advance(50)
+    report = schedule_pass(store, [SPEC])
+    (o,) = report.outcomes
+    assert (len(o.enqueued), o.plan.late, o.plan.missed) == (4, 3, 1)
+    assert report.states["sync"].missed == 1
+    assert schedule_pass(store, [SPEC]).outcomes[0].enqueued == ()  # nothing twice
+
+
+# ---- racing processes ------------------------------------------------------------------------
+
+PROCESSES = 4
+
+
+def race(url: str, start: Any, results: Any) -> None:
+    """Child: wait for the gate, then run passes for a few ticks of an every-1s schedule."""
+    store = open_store(url)
+    spec = ScheduleSpec(  # overlap allowed: nobody runs the jobs here
+        name="race",
+        timing=Timing.of(None, 1),
+        kind="echo",
+        pool="bulk",
+        max_deliveries=3,
+        overlap="allow",
+    )
+    try:
+        start.wait(timeout=30)
+        enqueued: list[float] = []
+        deadline = store.now() + 3.5
+        while store.now() < deadline:
+            for o in schedule_pass(store, [spec]).outcomes:
+                enqueued += [t for t, _ in o.enqueued]
+            time.sleep(0.01)  # pacing, not waiting for anything: passes come this often
+        results.put((enqueued, None))
+    except BaseException as exc:
+        results.put(([], repr(exc)))
+    finally:
+        store.close()
+
+
+def test_racing_processes_enqueue_each_tick_once(db_url):
+    open_store(db_url).close()  # migrated before the race
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=race, args=(db_url, start, results)) for _ in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    start.set()
+    found: list[float] = []
+    try:
+        for _ in procs:
+            ticks, error = results.get(timeout=60)
+            assert error is None, error
+            found += ticks
+    except queue.Empty:
+        pytest.fail("a racing process did not report")
+    finally:
+        for p in procs:
+            p.join(10)
+    assert len(found) == len(set(found)) >= 3  # each tick once, whoever took it
+    store = open_store(db_url)
+    try:
+        keys = [j.key for j in store.list_jobs()]
+    finally:
+        store.close()
+    assert len(keys) == len(set(keys)) == len(found)

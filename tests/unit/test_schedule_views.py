@@ -1,0 +1,104 @@
+"""What people see of schedules (pure): the statuses of ``fleetd schedules`` and ``fleetd
+status``, the status frame's lines, the snapshot's JSON and the metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from supervisor.model import JobState, ScheduleState, TickJob
+from supervisor.observe import metrics, status_view
+from supervisor.observe.fleetview import build_view
+from supervisor.observe.schedview import summarize
+from supervisor.observe.snapshot import FleetSnapshot, ScheduleView
+from supervisor.schedules import ScheduleSpec, Timing
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
+T0 = 1_800_000_000.0
+
+
+def spec(name: str) -> ScheduleSpec:
+    return ScheduleSpec(name, Timing.of(None, 10), "echo", "bulk", 3)
+
+
+def row(name: str, through: float, last: JobState | None = None, **kw: object) -> ScheduleState:
+    recent = (
+        () if last is None else (TickJob(through, 7, last, T0 - 3 if last == "done" else None),)
+    )
+    return ScheduleState(name, created_at=T0 - 100, through=through, recent=recent, **kw)  # type: ignore[arg-type]
+
+
+def test_statuses() -> None:
+    specs = [spec(n) for n in ("ok", "failed", "late", "waiting")]
+    states = {
+        "ok": row("ok", T0, JobState.DONE),
+        "failed": row("failed", T0, JobState.DEAD),
+        "late": row("late", T0 - 60, JobState.DONE),
+        "gone": row("gone", T0 - 3600, missed=4),
+    }
+    found = {s.name: s for s in summarize(specs, states, T0 + 5, ahead=3)}
+    assert {n: s.status for n, s in found.items()} == {
+        "ok": "ok",
+        "failed": "failed",
+        "late": "late",
+        "waiting": "waiting",
+        "gone": "unconfigured",
+    }
+    assert found["ok"].next_ticks == (T0 + 10, T0 + 20, T0 + 30)
+    assert found["late"].late_for == 45  # tick T0 - 50, grace 10 s, now T0 + 5
+    assert found["ok"].last_success_at == T0 - 3 and found["gone"].missed == 4
+    assert [s.name for s in found.values() if s.problem] == ["failed", "late"]
+    assert "no supervisor runs it" in found["late"].detail()
+    assert found["failed"].detail().startswith("its last job died")
+
+
+def test_status_lists_schedules_that_failed_or_are_late() -> None:
+    specs = [spec("nightly"), spec("fine")]
+    states = {"nightly": row("nightly", T0, JobState.DEAD), "fine": row("fine", T0)}
+    view = build_view(
+        fleet="demo",
+        database="sqlite:///x.db",
+        configured={},
+        stats={},
+        rows=[],
+        now=T0 + 5,
+        schedules=summarize(specs, states, T0 + 5),
+    )
+    console = Console(record=True, width=80)
+    console.print(status_view.render(view, 80, 24))
+    text = console.export_text()
+    assert "! schedule nightly: its last job died" in text
+    assert "schedule fine" not in text
+    jsonschema.validate(view.to_dict(), SCHEMA)
+    assert view.to_dict()["schedules"][0]["last_state"] == "dead"
+
+
+def test_snapshot_and_metrics() -> None:
+    view = ScheduleView(
+        name="nightly",
+        kind="echo",
+        last_success_at=T0 - 30,
+        ticks={"on_time": 5, "late": 1, "missed": 2},
+        late_for=0.0,
+    )
+    snap = FleetSnapshot("node-a", "host", 1, "demo", taken_at=T0, schedules={"nightly": view})
+    again = FleetSnapshot.from_json(snap.to_json())
+    assert again.schedules == {"nightly": view}
+    text = metrics.render(metrics.make_registry(lambda: snap)).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[
+        ("fleetd_schedule_last_success_timestamp_seconds", (("schedule", "nightly"),))
+    ] == (T0 - 30)
+    ticks = "fleetd_schedule_ticks_total"
+    assert samples[(ticks, (("outcome", "missed"), ("schedule", "nightly")))] == 2
+    assert samples[(ticks, (("outcome", "skipped"), ("schedule", "nightly")))] == 0
+    assert samples[("fleetd_schedule_late_seconds", (("schedule", "nightly"),))] == 0

@@ -1,0 +1,211 @@
+"""supervisor.schedules: tick times and which due ticks a pass enqueues (pure: tables and a
+fake clock, no database)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+from cronsim import CronSim
+
+from supervisor.clock import FakeClock
+from supervisor.model import JobState, ScheduleState, TickJob
+from supervisor.schedules import (
+    MISFIRE,
+    SCAN_CAP,
+    ScheduleSpec,
+    Timing,
+    lateness,
+    plan,
+    tick_job,
+    tick_key,
+)
+
+T0 = 1_800_000_000.0  # a multiple of 10 s: 2027-01-15T08:00:00Z
+
+
+def spec(timing: Timing | None = None, **kw: object) -> ScheduleSpec:
+    return ScheduleSpec(
+        name="sync",
+        timing=timing or Timing.of(None, 10),
+        kind="echo",
+        pool="bulk",
+        max_deliveries=3,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def state(through: float, last: JobState | None = None) -> ScheduleState:
+    recent = () if last is None else (TickJob(through, 7, last),)
+    return ScheduleState("sync", created_at=T0, through=through, recent=recent)
+
+
+# ---- tick times -----------------------------------------------------------------------------
+
+
+def test_every_ticks_on_multiples_of_the_period_since_the_epoch() -> None:
+    t = Timing.of(None, 300)
+    assert t.after(T0 + 1) == T0 + 300 and t.after(T0) == T0 + 300
+    assert t.next_ticks(T0 - 0.5, 3) == (T0, T0 + 300, T0 + 600)
+    assert t.due(T0, T0 + 1000, keep=2) == (3, (T0 + 600, T0 + 900))
+    assert t.due(T0, T0 + 299.9, keep=2) == (0, ())
+
+
+def test_cron_ticks_in_its_time_zone() -> None:
+    paris = Timing.of("0 2 * * *", None, "Europe/Paris")
+    jan = datetime(2027, 1, 15, 12, tzinfo=UTC).timestamp()
+    assert paris.after(jan) == datetime(2027, 1, 16, 1, tzinfo=UTC).timestamp()  # UTC+1
+    jul = datetime(2027, 7, 15, 12, tzinfo=UTC).timestamp()
+    assert paris.after(jul) == datetime(2027, 7, 16, 0, tzinfo=UTC).timestamp()  # UTC+2
+
+
+@pytest.mark.parametrize(
+    ("expr", "start"),
+    [
+        ("30 2 * * *", datetime(2027, 3, 27, 12)),  # spring forward: 02:30 does not exist
+        ("30 2 * * *", datetime(2027, 10, 30, 12)),  # fall back: 02:30 happens twice
+        ("0 * * * *", datetime(2027, 10, 31, 0, 30)),  # hourly across the repeated hour
+        ("*/20 1-3 * * *", datetime(2027, 3, 28, 0, 50)),
+    ],
+)
+def test_next_ticks_across_a_dst_change_are_the_cron_librarys(expr: str, start: datetime) -> None:
+    tz = ZoneInfo("Europe/Paris")
+    t = Timing.of(expr, None, "Europe/Paris")
+    begin = start.replace(tzinfo=tz)
+    library = CronSim(expr, begin)
+    expected = tuple(next(library).timestamp() for _ in range(6))
+    assert t.next_ticks(begin.timestamp(), 6) == expected
+    assert len(set(expected)) == 6  # distinct instants, so distinct keys
+
+
+def test_dst_ticks_as_debian_cron_runs_them() -> None:
+    t = Timing.of("30 2 * * *", None, "Europe/Paris")
+    spring = datetime(2027, 3, 27, 12, tzinfo=UTC).timestamp()
+    # 2027-03-28 02:30 local does not exist: run at 03:00 CEST = 01:00Z, as Debian's cron does
+    assert t.next_ticks(spring, 2) == (
+        datetime(2027, 3, 28, 1, tzinfo=UTC).timestamp(),
+        datetime(2027, 3, 29, 0, 30, tzinfo=UTC).timestamp(),
+    )
+    autumn = datetime(2027, 10, 30, 12, tzinfo=UTC).timestamp()
+    # 2027-10-31 02:30 local happens twice: once, at the first (CEST, 00:30Z)
+    assert t.next_ticks(autumn, 2) == (
+        datetime(2027, 10, 31, 0, 30, tzinfo=UTC).timestamp(),
+        datetime(2027, 11, 1, 1, 30, tzinfo=UTC).timestamp(),
+    )
+
+
+def test_a_gap_longer_than_the_scan_counts_at_least_the_cap_and_keeps_the_newest() -> None:
+    t = Timing.of("* * * * * *", None)  # every second
+    count, latest = t.due(T0, T0 + 2 * SCAN_CAP + 0.5, keep=3)
+    assert count == SCAN_CAP
+    assert latest == (T0 + 2 * SCAN_CAP - 2, T0 + 2 * SCAN_CAP - 1, T0 + 2 * SCAN_CAP)
+
+
+@pytest.mark.parametrize(
+    ("cron", "every", "zone", "fragment"),
+    [
+        ("61 * * * *", None, "UTC", "bad minute"),
+        ("* * *", None, "UTC", "wrong number of fields"),
+        ("0 0 30 2 *", None, "UTC", "bad day-of-month"),
+        ("0 2 * * *", None, "Mars/Olympus", "not a time zone"),
+        (None, 1.5, "UTC", "whole number of seconds"),
+        (None, 0.5, "UTC", "whole number of seconds"),
+        ("* * * * *", 60, "UTC", "exactly one"),
+        (None, None, "UTC", "exactly one"),
+    ],
+)
+def test_bad_timings(cron: str | None, every: float | None, zone: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        Timing.of(cron, every, zone)
+
+
+def test_tick_key_and_job() -> None:
+    s = spec(payload='{"full":true}', tenant="acme", priority=2)
+    job = tick_job(s, T0)
+    assert tick_key("sync", T0) == "schedule:sync:2027-01-15T08:00:00Z" == job.key
+    assert job.payload == '{"full":true,"scheduled_for":"2027-01-15T08:00:00Z"}'
+    assert (job.kind, job.pool, job.tenant, job.priority) == ("echo", "bulk", "acme", 2)
+
+
+# ---- which ticks a pass enqueues ------------------------------------------------------------
+
+# (catch_up, overlap, last job, seconds since through, now's offset into the period)
+#   -> (enqueued, as offsets from through, on_time, late, missed, skipped)
+PLANS = [
+    # nothing due yet
+    ("once", "skip", None, 0, 5, ((), 0, 0, 0, 0)),
+    # the current tick, on time
+    ("once", "skip", None, 10, 0.3, ((10,), 1, 0, 0, 0)),
+    ("skip", "allow", None, 10, 0.3, ((10,), 1, 0, 0, 0)),
+    # down for 50 s: ticks 10..50 missed, 60 is current
+    ("skip", "allow", None, 60, 0.3, ((60,), 1, 0, 5, 0)),
+    ("once", "allow", None, 60, 0.3, ((50, 60), 1, 1, 4, 0)),
+    ("all", "allow", None, 60, 0.3, ((30, 40, 50, 60), 1, 3, 2, 0)),  # catch_up_max 3
+    # overlap skip: one tick a pass, the newest chosen
+    ("all", "skip", None, 60, 0.3, ((60,), 1, 0, 2, 3)),
+    ("once", "skip", None, 60, 0.3, ((60,), 1, 0, 4, 1)),
+    # overlap skip while the last tick's job is queued or running: nothing
+    ("once", "skip", JobState.LEASED, 10, 0.3, ((), 0, 0, 0, 1)),
+    ("once", "skip", JobState.QUEUED, 60, 0.3, ((), 0, 0, 4, 2)),
+    ("once", "allow", JobState.LEASED, 10, 0.3, ((10,), 1, 0, 0, 0)),
+    # a finished (or pruned) last job does not hold the next tick back
+    ("once", "skip", JobState.DONE, 10, 0.3, ((10,), 1, 0, 0, 0)),
+    ("once", "skip", JobState.DEAD, 10, 0.3, ((10,), 1, 0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize(("catch_up", "overlap", "last", "gap", "into", "expected"), PLANS)
+def test_plan(
+    catch_up: str, overlap: str, last: JobState | None, gap: float, into: float, expected: tuple
+) -> None:
+    s = spec(catch_up=catch_up, catch_up_max=3, overlap=overlap)
+    p = plan(s, state(T0, last), T0 + gap + into)
+    enqueued, on_time, late, missed, skipped = expected
+    assert p.enqueue == tuple(T0 + e for e in enqueued)
+    assert (p.on_time, p.late, p.missed, p.skipped) == (on_time, late, missed, skipped)
+    assert p.through == (T0 + gap if gap >= 10 else None)
+    assert p.next_tick == T0 + gap + 10
+
+
+def test_a_current_tick_seen_past_its_grace_is_missed() -> None:
+    hourly = spec(Timing.of("0 * * * *", None), catch_up="skip")
+    on_time = plan(hourly, state(T0 - 1), T0 + MISFIRE - 1)
+    assert on_time.enqueue == (T0,) and on_time.on_time == 1
+    missed = plan(hourly, state(T0 - 1), T0 + MISFIRE + 1)
+    assert missed.enqueue == () and missed.missed == 1 and missed.through == T0
+    once = plan(replace(hourly, catch_up="once"), state(T0 - 1), T0 + MISFIRE + 1)
+    assert once.enqueue == (T0,) and once.late == 1 and once.on_time == 0
+
+
+def test_a_new_schedule_is_not_backfilled() -> None:
+    # first seen at T0 + 3: its row starts there, so only ticks after it are ever due
+    nightly = spec(Timing.of("0 2 * * *", None), catch_up="all")
+    assert plan(nightly, state(T0 + 3), T0 + 3).enqueue == ()
+    assert plan(spec(catch_up="all"), state(T0 + 3), T0 + 10.2).enqueue == (T0 + 10,)
+
+
+def test_a_fake_clock_day_of_passes_enqueues_every_tick_once() -> None:
+    """Passes at uneven moments (a loaded machine) still enqueue each tick exactly once."""
+    clock = FakeClock(T0)
+    s = spec(catch_up="all", catch_up_max=3, overlap="allow")
+    st = state(T0)
+    enqueued: list[float] = []
+    for step in [0.4, 3.3, 7.1, 0.2, 9.9, 10.0, 0.01, 14.7] * 50:
+        clock.advance(step)
+        p = plan(s, st, clock.now())
+        enqueued += p.enqueue
+        assert p.missed == 0 and p.skipped == 0
+        if p.through is not None:
+            st = replace(st, through=p.through)
+    assert enqueued == [T0 + 10 * k for k in range(1, len(enqueued) + 1)]
+    assert enqueued[-1] == (clock.now() // 10) * 10
+
+
+def test_lateness_says_how_long_a_due_tick_waited_undecided() -> None:
+    s = spec()
+    assert lateness(s, None, T0 + 100) == 0.0
+    assert lateness(s, state(T0), T0 + 9) == 0.0
+    assert lateness(s, state(T0), T0 + 15) == 0.0  # within one period of tick T0 + 10
+    assert lateness(s, state(T0), T0 + 45) == 25.0
