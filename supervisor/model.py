@@ -325,7 +325,7 @@ class Pause:
 
 
 @dataclass(frozen=True, slots=True)
-class Controls:
+class ControlState:
     """What one supervisor reads every fraction of a second (``Store.controls``): the pauses
     in force, and the leases it holds whose cancel was requested."""
 

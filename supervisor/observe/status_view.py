@@ -110,6 +110,10 @@ def _sizing(p: PoolSummary) -> Text:
         text.append(" SATURATED", style="bold red")
     if p.draining:
         text.append(" DRAINING", style="bold yellow")
+    if p.paused:
+        text.append(" PAUSED", style="bold magenta")
+    elif p.paused_kinds:
+        text.append(f" PAUSED {','.join(p.paused_kinds)}", style="bold magenta")
     return text
 
 

@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.errors import JobNotFound
-from supervisor.model import CancelOutcome, Controls, Job, JobFilter, JobState, Lease, Pause
+from supervisor.model import CancelOutcome, ControlState, Job, JobFilter, JobState, Lease, Pause
 from supervisor.store.rows import as_job, chunks
 from supervisor.store.schema import ALL_KINDS, jobs, pauses
 
@@ -223,13 +223,13 @@ class ControlTable:
 
     # ---- what a supervisor reads --------------------------------------------------------
 
-    def controls(self, node: str) -> Controls:
+    def controls(self, node: str) -> ControlState:
         """The pauses in force and the leases ``node`` holds whose cancel was requested (a
         partial index of those: usually empty, read in microseconds)."""
         with self._auto() as conn:
             found = [_pause(r) for r in conn.execute(self._pauses_stmt)]
             rows = conn.execute(self._cancels_stmt, {"node": node}).all()
-        return Controls(tuple(found), tuple(Lease(r.id, r.lease_token) for r in rows))
+        return ControlState(tuple(found), tuple(Lease(r.id, r.lease_token) for r in rows))
 
     @cached_property
     def _cancels_stmt(self) -> Any:

@@ -69,7 +69,7 @@ def test_config_from_the_environment(config):
         (["dlq", "requeue"], ["1"], "no job with id 1"),
         (["jobs"], ["--pool", "bulkk"], "no pool 'bulkk' here or in the database (pools: bulk"),
         (["dlq", "list"], ["--pool", "bulkk"], "no pool 'bulkk'"),
-        (["dlq", "purge"], ["--pool", "bulkk"], "no pool 'bulkk'"),
+        (["dlq", "purge"], ["--all", "--pool", "bulkk"], "no pool 'bulkk'"),
         (["dlq", "requeue"], ["--all", "--pool", "bulkk"], "no pool 'bulkk'"),
     ],
 )
@@ -149,7 +149,7 @@ def test_dlq_takes_the_config_before_or_after_its_subcommand(config, db_url):
     assert run("dlq", "list", "-c", str(config), "--json").output == listed.output
     assert run("dlq", "list", "--json", env={"FLEETD_CONFIG": str(config)}).output == listed.output
     out = run("dlq", "-c", str(config), "requeue", str(jid))
-    assert out.exit_code == 0 and out.output.strip() == "requeued 1 job(s)"
+    assert out.exit_code == 0 and out.output.strip() == f"requeued 1 job(s): {jid}"
     assert json.loads(run("jobs", "-c", str(config), "--json").output)["state"] == "queued"
     missing = CliRunner().invoke(main, ["dlq", "list"], env={"FLEETD_CONFIG": ""})
     assert missing.exit_code == 2 and "--config" in missing.output
@@ -193,8 +193,9 @@ def test_a_sqlite_file_uri_is_opened_where_sqlite_finds_it(tmp_path, monkeypatch
 
 def test_dlq_purge_with_the_config_first(config, db_url):
     _dead_job(db_url)
-    out = run("dlq", "-c", str(config), "purge")
-    assert out.exit_code == 0 and out.output.strip() == "purged 1 job(s)"
+    assert run("dlq", "-c", str(config), "purge").exit_code == 2  # wide: asks for --all
+    out = run("dlq", "-c", str(config), "purge", "--all")
+    assert out.exit_code == 0 and out.output.strip().startswith("purged 1 job(s): ")
     assert run("jobs", "-c", str(config), "--json").output == ""
 
 
