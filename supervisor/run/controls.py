@@ -25,6 +25,7 @@ Owned by the supervisor's main thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -206,8 +207,6 @@ class Controls:
 
 def _ask_back(worker: Any) -> None:
     """Have a worker hand back the jobs queued behind its running one (``Returned``)."""
-    if worker.kill_reason is None:
-        try:
+    if worker.kill_reason is None:  # else it is exiting: what it holds is released at reap
+        with contextlib.suppress(OSError, TimeoutError):
             worker.send(protocol.Release(), timeout=0.0)
-        except (OSError, TimeoutError):
-            pass  # it is exiting: what it holds is released when it is reaped
