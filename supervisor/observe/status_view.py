@@ -180,6 +180,10 @@ def _pool_lines(p: PoolSummary) -> list[Text]:
         notes.append(f"no live node handles {', '.join(p.unserved_kinds)}")
     if p.nodes == 0:
         notes.append("no running supervisor")
+    if p.cancelled:
+        notes.append(f"{p.cancelled} cancelled")
+    if p.paused or p.paused_kinds:
+        notes.append(f"paused since {(p.paused_since or '')[11:19]}Z (fleetd resume)")
     if notes:
         lines.append(_line(Text("  " + " · ".join(notes), style="yellow")))
     return lines
