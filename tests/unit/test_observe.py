@@ -403,23 +403,26 @@ def test_a_running_jobs_elapsed_time_counts_the_snapshots_age() -> None:
 
 
 def test_the_view_shows_a_paused_pool_and_cancelled_jobs() -> None:
+    from types import SimpleNamespace
+
     from rich.console import Console
 
     from supervisor.model import Pause, PoolStats
     from supervisor.observe.fleetview import build_view
     from supervisor.observe.status_view import render
 
-    class Config:
-        handlers = {"render": "m:f", "thumb": "m:g"}
-        latency_target = 300.0
-        memory_limit = None
-        timeout = 60.0
+    config = SimpleNamespace(
+        handlers={"render": "m:f", "thumb": "m:g"},
+        latency_target=300.0,
+        memory_limit=None,
+        timeout=60.0,
+    )
 
     def view(pauses: list[Pause]):
         return build_view(
             fleet="f",
             database="sqlite:///x",
-            configured={"bulk": Config()},
+            configured={"bulk": config},
             stats={"bulk": PoolStats("bulk", ready=5, cancelled=3)},
             rows=[],
             now=1_800_000_000.0,
