@@ -100,9 +100,7 @@ def cancel_summary(where: JobFilter, out: CancelOutcome) -> list[str]:
         lines.append(f"cancelled {len(out.cancelled)} queued job(s): {id_list(out.cancelled)}")
     if out.requested:
         ids = sorted(out.requested)
-        lines.append(
-            f"asked {len(ids)} running job(s) to stop (within a second): {id_list(ids)}"
-        )
+        lines.append(f"asked {len(ids)} running job(s) to stop (within a second): {id_list(ids)}")
     return lines
 
 

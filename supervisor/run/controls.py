@@ -118,7 +118,9 @@ class Controls:
             log.warning(
                 "pool %s: %s",
                 pool.name,
-                "paused" if pool.paused else f"paused kinds: {', '.join(sorted(paused))}"
+                "paused"
+                if pool.paused
+                else f"paused kinds: {', '.join(sorted(paused))}"
                 if paused
                 else "resumed",
             )

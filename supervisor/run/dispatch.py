@@ -393,8 +393,16 @@ class Dispatcher:
             failure = Failure(job.claimed.lease, None, verdict.message, None, worker.last_rss, took)
             self.outbox.fail(pool.name, failure, job.claimed)
             self.counters.job_finished(pool.name, "cancelled", took, worker.last_rss, now)
-            log_job(logging.WARNING, "job_cancelled", job.claimed, pool.name, took,
-                    worker.last_rss, None, verdict.message)
+            log_job(
+                logging.WARNING,
+                "job_cancelled",
+                job.claimed,
+                pool.name,
+                took,
+                worker.last_rss,
+                None,
+                verdict.message,
+            )
         else:
             self.counters.lost_leases += 1
             log.warning("job %s: %s", job.claimed.job_id, verdict.message)
