@@ -17,7 +17,7 @@ import click
 from click.core import ParameterSource
 
 from supervisor.errors import FleetdError
-from supervisor.model import Job, JobState
+from supervisor.model import ErrorKind, Job, JobFilter, JobState
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -117,6 +117,7 @@ def _fleet_view(client: Any) -> Any:
         rows=client.store.list_nodes(),
         now=read.now,
         schedules=summarize(config.schedule_specs(), read.states, read.now),
+        pauses=client.store.pauses(),
     )
 
 
@@ -239,33 +240,233 @@ def dlq_list(config_path: str | None, pool: str | None, limit: int, as_json: boo
         _print_jobs(client.store.dlq_list(pool=pool, limit=limit), as_json)
 
 
+def _dlq_filter_options(func: F) -> F:
+    """--kind, --tenant, --error-kind, --since: which dead jobs a bulk action touches."""
+    for option in reversed(
+        [
+            click.option("--kind", help="Only dead jobs of this kind."),
+            click.option("--tenant", help="Only dead jobs of this tenant."),
+            click.option(
+                "--error-kind",
+                type=click.Choice([k.value for k in ErrorKind]),
+                help="Only dead jobs that died of this.",
+            ),
+            click.option("--since", help='Only jobs that died within this long, e.g. "1h".'),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def _dlq_where(
+    ids: tuple[int, ...],
+    everything: bool,
+    kind: str | None,
+    tenant: str | None,
+    error_kind: str | None,
+    since: str | None,
+) -> JobFilter | None:
+    """The filter of a bulk dead-letter action; exactly one of IDS, a filter or --all."""
+    from supervisor.units import parse_duration
+
+    try:
+        seconds = None if since is None else parse_duration(since)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    where = JobFilter(
+        kind=kind,
+        tenant=tenant,
+        error_kind=ErrorKind(error_kind) if error_kind else None,
+        since=seconds,
+    )
+    given = where != JobFilter()
+    if sum((bool(ids), given, everything)) != 1:
+        raise click.UsageError(
+            "give job IDS, a filter (--kind, --tenant, --error-kind, --since) or --all"
+        )
+    return where if given else None
+
+
 @dlq.command("requeue")
 @dlq_config_option
 @click.argument("ids", nargs=-1, type=int)
 @click.option("--all", "everything", is_flag=True, help="Every dead job (of --pool).")
-@click.option("--pool", help="With --all: only this pool's dead jobs.")
+@click.option("--pool", help="Only this pool's dead jobs.")
+@_dlq_filter_options
 @friendly
 def dlq_requeue(
-    config_path: str | None, ids: tuple[int, ...], everything: bool, pool: str | None
+    config_path: str | None,
+    ids: tuple[int, ...],
+    everything: bool,
+    pool: str | None,
+    kind: str | None,
+    tenant: str | None,
+    error_kind: str | None,
+    since: str | None,
 ) -> None:
-    """Give dead jobs a fresh delivery budget: IDS, or --all."""
-    if bool(ids) == everything:
-        raise click.UsageError("give job IDS or --all (not both)")
+    """Give dead jobs a fresh delivery budget: IDS, those a filter matches, or --all."""
+    from supervisor.actions import dlq_lines
+
+    where = _dlq_where(ids, everything, kind, tenant, error_kind, since)
     with _client(_dlq_config(config_path), pool=pool) as client:
-        done = client.store.dlq_requeue(None if everything else list(ids), pool=pool)
-    click.echo(f"requeued {len(done)} job(s)")
+        done = client.store.dlq_requeue(list(ids) or None, pool=pool, where=where)
+    _echo(dlq_lines("requeued", done, where))
 
 
 @dlq.command("purge")
 @dlq_config_option
 @click.argument("ids", nargs=-1, type=int)
+@click.option("--all", "everything", is_flag=True, help="Every dead job (of --pool).")
 @click.option("--pool", help="Only this pool's dead jobs.")
+@_dlq_filter_options
 @friendly
-def dlq_purge(config_path: str | None, ids: tuple[int, ...], pool: str | None) -> None:
-    """Delete dead jobs: IDS, or every dead job (of --pool) when no id is given."""
+def dlq_purge(
+    config_path: str | None,
+    ids: tuple[int, ...],
+    everything: bool,
+    pool: str | None,
+    kind: str | None,
+    tenant: str | None,
+    error_kind: str | None,
+    since: str | None,
+) -> None:
+    """Delete dead jobs: IDS, those a filter matches, or --all (of --pool)."""
+    from supervisor.actions import dlq_lines
+
+    where = _dlq_where(ids, everything, kind, tenant, error_kind, since)
     with _client(_dlq_config(config_path), pool=pool) as client:
-        count = client.store.dlq_purge(list(ids) or None, pool=pool)
-    click.echo(f"purged {count} job(s)")
+        if ids:
+            chosen = sorted(set(ids))
+        else:  # the ids first, to say which; then the purge of exactly those
+            scope = JobFilter(**{**_fields(where), "pool": pool})
+            _, found = client.store.find_jobs(scope, [JobState.DEAD], limit=1_000_000)
+            chosen = [j.id for j in found]
+        if chosen:
+            client.store.dlq_purge(chosen)
+    _echo(dlq_lines("purged", chosen, where))
+
+
+def _fields(where: JobFilter | None) -> dict[str, Any]:
+    if where is None:
+        return {}
+    return {k: getattr(where, k) for k in ("kind", "tenant", "error_kind", "since")}
+
+
+def _echo(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+# ---- operator controls: cancel, pause, resume --------------------------------------------
+
+CANCEL_WAIT = 5.0  # seconds ``fleetd cancel`` waits to see running jobs stopped
+
+
+@main.command()
+@config_option
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--kind", help="Cancel the jobs of this kind (with --yes).")
+@click.option("--tenant", help="Cancel the jobs of this tenant (with --yes).")
+@click.option("--pool", help="Cancel the jobs of this pool (with --yes).")
+@click.option(
+    "--state",
+    type=click.Choice(["queued", "leased"]),
+    help="Only queued (waiting) or only leased (running) jobs; default both.",
+)
+@click.option("--yes", is_flag=True, help="Do cancel what a filter matches (else: dry run).")
+@click.option("--no-wait", is_flag=True, help="Do not wait to see running jobs stopped.")
+@friendly
+def cancel(
+    config_path: str,
+    ids: tuple[int, ...],
+    kind: str | None,
+    tenant: str | None,
+    pool: str | None,
+    state: str | None,
+    yes: bool,
+    no_wait: bool,
+) -> None:
+    """Cancel jobs: IDS, or those a filter matches. Queued jobs are cancelled at once;
+    running ones are stopped within a second by the supervisor running them (any host)."""
+    from supervisor import actions
+
+    where = JobFilter(
+        kind=kind, tenant=tenant, pool=pool, states=(JobState(state),) if state else None
+    )
+    if ids and where != JobFilter():
+        raise click.UsageError("give job IDS or a filter (--kind, --tenant, --pool), not both")
+    if not ids and where.empty:
+        raise click.UsageError("give job IDS or a filter (--kind, --tenant, --pool)")
+    with _client(config_path, pool=pool) as client:
+        if not ids and not yes:
+            live = list(where.states or (JobState.QUEUED, JobState.LEASED))
+            count, found = client.store.find_jobs(where, live, limit=actions.SHOWN)
+            _echo(actions.cancel_preview(where, count, found))
+            return
+        out = client.store.cancel(list(ids) if ids else None, where=None if ids else where)
+        _echo(actions.cancel_lines(out) if ids else actions.cancel_summary(where, out))
+        if out.requested and not no_wait:
+            _echo(_wait_stopped(client, sorted(out.requested)))
+
+
+def _wait_stopped(client: Any, ids: list[int]) -> list[str]:
+    """Wait up to CANCEL_WAIT for running jobs whose cancel was requested to end."""
+    import time
+
+    from supervisor.actions import stopped_lines
+    from supervisor.model import FINAL_STATES
+
+    start = time.monotonic()
+    while True:
+        jobs = [j for j in (client.store.get(i) for i in ids) if j is not None]
+        waited = time.monotonic() - start
+        if all(j.state in FINAL_STATES for j in jobs) or waited >= CANCEL_WAIT:
+            return stopped_lines(jobs, round(waited, 1))
+        time.sleep(0.05)
+
+
+def _pool_and_kind(client: Any, pool: str, kind: str | None) -> None:
+    """POOL must be a pool of the config, KIND one of its kinds: a typo pauses nothing."""
+    from supervisor.errors import UnknownKind, UnknownPool
+
+    config = client.config
+    if pool not in config.pools:
+        known = ", ".join(config.pools)
+        raise UnknownPool(f"{config.path.name}: no pool {pool!r} (pools: {known})")
+    kinds = config.pools[pool].handlers
+    if kind is not None and kind not in kinds:
+        raise UnknownKind(f"pool {pool!r} has no kind {kind!r} (kinds: {', '.join(kinds)})")
+
+
+@main.command()
+@config_option
+@click.argument("pool")
+@click.option("--kind", help="Pause only this kind of the pool.")
+@friendly
+def pause(config_path: str, pool: str, kind: str | None) -> None:
+    """Pause POOL (or one --kind of it) on every host: no new job of it starts, running
+    jobs finish, the backlog waits. Undo with fleetd resume."""
+    from supervisor.actions import pause_line
+
+    with _client(config_path) as client:
+        _pool_and_kind(client, pool, kind)
+        took = client.store.pause(pool, kind)
+    click.echo(pause_line(pool, kind, took, config_path))
+
+
+@main.command()
+@config_option
+@click.argument("pool")
+@click.option("--kind", help="Resume only this kind (else every pause of the pool).")
+@friendly
+def resume(config_path: str, pool: str, kind: str | None) -> None:
+    """Resume POOL (every pause of it, or one --kind) on every host."""
+    from supervisor.actions import resume_lines
+
+    with _client(config_path) as client:
+        _pool_and_kind(client, pool, kind)
+        lifted = client.store.resume(pool, kind)
+    _echo(resume_lines(pool, kind, lifted))
 
 
 @main.command()

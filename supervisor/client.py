@@ -17,7 +17,7 @@ from typing import Any, Self
 from supervisor.clock import Clock
 from supervisor.config import FleetConfig, load_config
 from supervisor.errors import JobNotFound, PayloadError
-from supervisor.model import Job, JobState, NewJob
+from supervisor.model import FINAL_STATES, Job, NewJob
 from supervisor.store import Store, open_store
 from supervisor.units import parse_duration
 
@@ -79,13 +79,22 @@ class Client:
             raise JobNotFound(f"no job with id {job_id}")
         return job
 
+    def cancel(self, job_id: int) -> bool:
+        """Cancel a job. A queued one (waiting, or between retries) is cancelled at once and
+        never runs; a running one is stopped within a second by the supervisor holding its
+        lease, on any host, and ends cancelled. True when the cancel took (cancelled, or
+        requested for a running job); False when the job was final already (done, dead,
+        cancelled): nothing changed. ``JobNotFound`` when there is no such job."""
+        return self.store.cancel([job_id]).took
+
     def wait(self, job_id: int, timeout: float = 30.0) -> Job:
-        """Return the job once it is done or dead; ``TimeoutError`` after ``timeout`` s."""
+        """Return the job once it is final (done, dead or cancelled); ``TimeoutError``
+        after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         interval = 0.002  # a short job is done within a few ms; then 1.5x per poll, to 0.25 s
         while True:
             job = self.get(job_id)
-            if job.state in (JobState.DONE, JobState.DEAD):
+            if job.state in FINAL_STATES:
                 return job
             left = deadline - time.monotonic()
             if left <= 0:

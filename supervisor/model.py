@@ -8,6 +8,8 @@ The lease state machine (docs/architecture.md draws it)::
                  │  └─ release ──┤   drain: visible at once, the delivery not counted
                  └── retry ──────┤   failure with attempts < max_deliveries, after backoff
                                  └─> dead   attempts reached max_deliveries, or permanent
+    queued ─cancel─> cancelled          at once (waiting, or between retries)
+    leased ─cancel─> (cancel requested) ─any end of the delivery─> cancelled
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ class JobState(StrEnum):
     LEASED = "leased"  # in: claim only. out: ack, fail, release, reap (all guarded by token).
     DONE = "done"  # in: ack. out: prune after the retention.
     DEAD = "dead"  # in: fail at the limit or permanent, reap at the limit. out: requeue, purge.
+    # in: cancel of a queued job; any end (ack, fail, release, reap) of a leased job whose
+    # cancel was requested. out: prune after the retention. Final: never run again.
+    CANCELLED = "cancelled"
+
+
+FINAL_STATES = frozenset({JobState.DONE, JobState.DEAD, JobState.CANCELLED})
 
 
 class ErrorKind(StrEnum):
@@ -134,7 +142,7 @@ class Failure:
     store retries after that many seconds, or dead-letters when attempts reached the limit."""
 
     lease: Lease
-    error_kind: ErrorKind
+    error_kind: ErrorKind | None  # None: stopped at an operator's request (a cancel)
     message: str
     retry_delay: float | None
     peak_rss: int | None = None
@@ -150,6 +158,7 @@ class FailOutcome:
     dead: tuple[int, ...] = ()
     lost: tuple[Lease, ...] = ()  # the lease was no longer ours: nothing changed
     deferred: tuple[int, ...] = ()  # of retried: past the pool's retry budget, deferred longer
+    cancelled: tuple[int, ...] = ()  # its cancel was requested: cancelled, never retried
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +170,11 @@ class ReapOutcome:
     # job id -> the attempt whose lease expired (a requeued job may be claimed again at once,
     # by this node or another, before anyone reads its row)
     attempts: dict[int, int] = field(default_factory=dict)
+    cancelled: tuple[int, ...] = ()  # its cancel was requested: cancelled, not requeued
 
     @property
     def count(self) -> int:
-        return len(self.requeued) + len(self.dead)
+        return len(self.requeued) + len(self.dead) + len(self.cancelled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +189,7 @@ class PoolStats:
     leased: int = 0
     done: int = 0
     dead: int = 0
+    cancelled: int = 0  # until pruned with the done jobs, after the retention
     oldest_ready_age: float = 0.0  # seconds the oldest ready job has waited; 0 when none
     capped: bool = False  # some count reached STATS_CAP: read it as "at least"
 
@@ -229,6 +240,7 @@ class Job:
     owner: str | None = None
     locked_until: float | None = None
     extensions: int = 0
+    cancel_requested_at: float | None = None  # a cancel asked while it was leased
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,10 +267,70 @@ class Job:
             "duration": self.duration,
             "owner": self.owner,
             "locked_until": iso(self.locked_until),
+            "cancel_requested_at": iso(self.cancel_requested_at),
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
+
+
+# ---- operator controls (supervisor/store/controls.py stores; fleetd cancel, pause, dlq) ----
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs a bulk action touches: every given field must match. ``states`` None means
+    the action's own default; ``since`` is seconds back from the store's now, compared with
+    the job's ``finished_at`` (dead letters) or ``enqueued_at`` (anything else)."""
+
+    kind: str | None = None
+    tenant: str | None = None
+    pool: str | None = None
+    states: tuple[JobState, ...] | None = None
+    error_kind: ErrorKind | None = None
+    since: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        """No field given: a filter that would match every job of its states."""
+        return all(v is None for v in (self.kind, self.tenant, self.pool, self.error_kind))
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    """What ``Store.cancel`` did. ``cancelled``: queued jobs now cancelled (never run again);
+    ``requested``: leased jobs whose cancel is now recorded (the supervisor holding the lease
+    stops them; any end of that delivery is ``cancelled``), with the node holding each;
+    ``unchanged``: jobs already final (done, dead, cancelled), with their state."""
+
+    cancelled: tuple[int, ...] = ()
+    requested: dict[int, str | None] = field(default_factory=dict)
+    unchanged: dict[int, JobState] = field(default_factory=dict)
+
+    @property
+    def took(self) -> bool:
+        return bool(self.cancelled or self.requested)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A pool (``kind`` None) or one kind of it that no supervisor starts jobs of."""
+
+    pool: str
+    kind: str | None
+    since: float  # Unix seconds
+
+    def covers(self, kind: str) -> bool:
+        return self.kind is None or self.kind == kind
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """What one supervisor reads every fraction of a second (``Store.controls``): the pauses
+    in force, and the leases it holds whose cancel was requested."""
+
+    pauses: tuple[Pause, ...] = ()
+    cancels: tuple[Lease, ...] = ()
 
 
 # ---- schedules (supervisor/schedules.py decides, supervisor/store/schedule_table.py stores) ----

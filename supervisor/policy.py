@@ -124,6 +124,7 @@ class KillKind(StrEnum):
     RETIRE = "retire"
     SOFT_TIMEOUT = "soft_timeout"
     WAIT = "wait"
+    CANCEL = "cancel"  # an operator cancelled its job: the job ends cancelled (run/controls.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,12 +31,27 @@ class JobContext:
         """Seconds left before the deadline (negative once it has passed)."""
         return self.deadline - time.time()
 
+    @property
+    def cancel_requested(self) -> bool:
+        """True once an operator cancelled this job (``fleetd cancel``): a long loop may
+        check it and stop early. The supervisor SIGKILLs the worker a short grace later
+        anyway, and whatever the job then returns or raises, it ends cancelled."""
+        return _cancel_requested and _process_job is self
+
 
 _CURRENT: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
     "fleetd_current_job", default=None
 )
 # The process-wide copy (see the module docstring). Written only by the runtime's main thread.
 _process_job: JobContext | None = None
+# Set by the runtime's CANCEL_SIGNAL handler (it only sets this flag), cleared at each bind.
+_cancel_requested = False
+
+
+def note_cancel(signum: int = 0, frame: object = None) -> None:
+    """The signal handler for the parent's cancel: only records it."""
+    global _cancel_requested
+    _cancel_requested = True
 
 
 def current_job() -> JobContext:
@@ -49,8 +64,9 @@ def current_job() -> JobContext:
 
 def bind(ctx: JobContext) -> contextvars.Token[JobContext | None]:
     """Make ``ctx`` the current job (the runtime calls this around each handler call)."""
-    global _process_job
+    global _process_job, _cancel_requested
     _process_job = ctx
+    _cancel_requested = False  # a cancel meant for the job before does not carry over
     return _CURRENT.set(ctx)
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import signal
 import struct
 import types
 import typing
@@ -54,6 +55,9 @@ MEMORY_LIMIT = "memory_limit"
 TIMEOUT = "timeout"  # the handler stopped on SoftTimeout
 ERROR_KINDS = frozenset({EXCEPTION, PERMANENT, MEMORY_LIMIT, TIMEOUT})
 SOFT_TIMEOUT_SIGNAL = 10  # SIGUSR1: the parent's "your job is past its timeout"
+# the parent's "an operator cancelled your job": a flag for current_job(), never a raise. A
+# real-time signal nothing else uses (limits.DEADLINE_SIGNAL is SIGRTMIN + 3)
+CANCEL_SIGNAL = signal.SIGRTMIN + 4
 
 
 class ProtocolError(Exception):

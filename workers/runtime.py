@@ -463,6 +463,7 @@ def _reset_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, _raise_soft_timeout)
+    signal.signal(protocol.CANCEL_SIGNAL, context.note_cancel)  # sets a flag; never raises
     signal.pthread_sigmask(signal.SIG_SETMASK, {protocol.SOFT_TIMEOUT_SIGNAL})
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from supervisor.model import PoolStats, iso
+from supervisor.model import Pause, PoolStats, iso
 from supervisor.observe import health
 from supervisor.observe.schedview import ScheduleSummary
 from supervisor.observe.snapshot import FleetSnapshot, PoolView, WorkerView
@@ -68,10 +68,14 @@ class PoolSummary:
     binding: str = "-"
     saturated: bool = False
     draining: bool = False
+    paused: bool = False  # fleet-wide (fleetd pause), from the store: nothing of it starts
+    paused_kinds: tuple[str, ...] = ()  # kinds paused on their own
+    paused_since: str | None = None  # ISO 8601, the oldest pause in force
     ready: int | None = None
     scheduled: int | None = None
     leased: int | None = None
     dead: int | None = None
+    cancelled: int | None = None
     oldest_age: float = 0.0
     counts_capped: bool = False  # a count reached the store's cap: "at least"
     latency_target: float = 0.0
@@ -222,16 +226,22 @@ def build_view(
     rows: Iterable[Mapping[str, Any]],
     now: float,
     schedules: tuple[ScheduleSummary, ...] = (),
+    pauses: Iterable[Pause] = (),
 ) -> FleetView:
     """The view: ``configured`` pools (name → PoolConfig) and the store's ``stats`` for them,
-    every node row, ``now`` (Unix seconds), and the schedules (``schedview.summarize``)."""
+    every node row, ``now`` (Unix seconds), the schedules (``schedview.summarize``) and the
+    pauses in force (``Store.pauses``)."""
+    pauses = tuple(pauses)
     all_nodes = [node_view(r) for r in rows]
     nodes = tuple(sorted((n for n in all_nodes if _shown(n)), key=lambda n: (n.status, n.node_id)))
     live = [n for n in nodes if n.live]
     names = list(configured) + sorted(
         {p for n in live if n.snapshot for p in n.snapshot.pools} - set(configured)
     )
-    pools = tuple(_summary(name, configured.get(name), stats.get(name), live) for name in names)
+    pools = tuple(
+        _paused(_summary(name, configured.get(name), stats.get(name), live), pauses)
+        for name in names
+    )
     problems = [p for n in nodes for p in n.verdict.problems]
     # a probe of a fleet whose supervisors are all down must not pass; a fresh row counts
     # even before its first snapshot or with one this release cannot read
@@ -263,6 +273,23 @@ def build_view(
         verdict=health.Verdict(not problems, tuple(problems)),
         recent_lease_expiries=sum(n.snapshot.recent_lease_expiries for n in live if n.snapshot),
         schedules=schedules,
+    )
+
+
+def _paused(pool: PoolSummary, pauses: tuple[Pause, ...]) -> PoolSummary:
+    """The pool with the pauses in force on it (the store's word, not a node's)."""
+    mine = [p for p in pauses if p.pool == pool.name]
+    if not mine:
+        return pool
+    whole = any(p.kind is None for p in mine)
+    kinds = tuple(sorted({p.kind for p in mine if p.kind is not None}))
+    if not whole and pool.kinds and set(pool.kinds) <= set(kinds):
+        whole = True  # every kind of it is paused
+    return replace(
+        pool,
+        paused=whole,
+        paused_kinds=() if whole else kinds,
+        paused_since=iso(min(p.since for p in mine)),
     )
 
 
@@ -313,6 +340,7 @@ def _summary(name: str, config: Any, stats: PoolStats | None, live: list[NodeVie
         scheduled=stats.scheduled if stats else None,
         leased=stats.leased if stats else None,
         dead=stats.dead if stats else None,
+        cancelled=stats.cancelled if stats else None,
         oldest_age=oldest,
         counts_capped=stats.capped if stats else any(v.counts_capped for v in pv),
         latency_target=latency,

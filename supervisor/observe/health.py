@@ -6,7 +6,8 @@ Healthy means all of:
   /healthz that answers at all proves it; from the node table, the row's heartbeat does;
 - every pool with ready work finished a job within its progress window (timeout + soft
   window + slack) or its oldest ready job is younger than that (the queue moves elsewhere);
-  not judged while the node drains (it claims nothing on purpose);
+  not judged while the node drains, nor for a pool with a pause in force (both claim
+  nothing on purpose: a paused pool's growing backlog is what the operator asked for);
 - no worker is wedged:
   - busy and silent past its deadline, soft window and ``KILL_GRACE`` (the watchdog's kill
     should have ended it: a process in uninterruptible sleep, or a kill that did not work);
@@ -77,6 +78,8 @@ def judge(snap: FleetSnapshot, age: float = 0.0) -> Verdict:
 
 def _pool_problems(node: str, pool: PoolView) -> list[Problem]:
     stalled = pool.stalled_for
+    if pool.paused or pool.paused_kinds:
+        return []
     if stalled is None or stalled <= pool.progress_window:
         return []
     detail = (

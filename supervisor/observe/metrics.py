@@ -27,8 +27,8 @@ from supervisor.model import ErrorKind
 from supervisor.observe.health import judge
 from supervisor.observe.snapshot import FleetSnapshot, HistogramData, PoolView
 
-OUTCOMES = ("done", *(str(k) for k in ErrorKind))
-KILL_REASONS = ("memory_limit", "timeout", "lease_lost", "drain", "retire", "wedged")
+OUTCOMES = ("done", "cancelled", *(str(k) for k in ErrorKind))
+KILL_REASONS = ("memory_limit", "timeout", "lease_lost", "drain", "retire", "wedged", "cancel")
 WORKER_STATES = ("busy", "idle", "starting", "stopping")
 
 Samples = list[tuple[tuple[str, ...], float]]
@@ -171,6 +171,18 @@ METRICS: tuple[MetricDef, ...] = (
         "Seconds a due tick has waited past its grace without being decided (0: none)",
         ("schedule",),
     ),
+    MetricDef(
+        "fleetd_pool_paused",
+        "gauge",
+        "1 while the pool (kind empty) or one kind of it is paused fleet-wide",
+        ("pool", "kind"),
+    ),
+    MetricDef(
+        "fleetd_cancelled_jobs",
+        "gauge",
+        "Cancelled jobs in the queue's table (kept until the retention), fleet-wide",
+        ("pool",),
+    ),
     MetricDef("fleetd_draining", "gauge", "1 while the supervisor drains"),
     MetricDef("fleetd_healthy", "gauge", "1 when /healthz answers 200"),
     MetricDef("fleetd_uptime_seconds", "gauge", "Seconds since the supervisor started"),
@@ -222,6 +234,18 @@ def _schedule_ticks(snap: FleetSnapshot) -> Samples:
     ]
 
 
+def _paused(snap: FleetSnapshot) -> Samples:
+    """``{pool, kind=""}`` 1 when the whole pool is paused, else 0 (every pool has the
+    series, so an alert can use it at once); one ``{pool, kind}`` series of 1 per kind
+    paused on its own."""
+    out: Samples = []
+    for p in snap.pools.values():
+        out.append(((p.name, ""), 1.0 if p.paused else 0.0))
+        if not p.paused:
+            out.extend(((p.name, kind), 1.0) for kind in p.paused_kinds)
+    return out
+
+
 def _node(value: Callable[[FleetSnapshot], float]) -> Callable[[FleetSnapshot], Samples]:
     return lambda snap: [((), float(value(snap)))]
 
@@ -269,6 +293,8 @@ SAMPLES: dict[str, Callable[[FleetSnapshot], Samples]] = {
     "fleetd_schedule_late_seconds": lambda snap: [
         ((s.name,), s.late_for) for s in snap.schedules.values()
     ],
+    "fleetd_pool_paused": lambda snap: _paused(snap),
+    "fleetd_cancelled_jobs": _per_pool(lambda p: p.cancelled),
     "fleetd_draining": _node(lambda s: 1.0 if s.state == "draining" else 0.0),
     "fleetd_healthy": _node(lambda s: 1.0 if judge(s).healthy else 0.0),
     "fleetd_uptime_seconds": _node(lambda s: s.uptime),

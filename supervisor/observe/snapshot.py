@@ -104,9 +104,13 @@ class PoolView:
     scheduled: int | None = None
     leased: int | None = None
     dead: int | None = None
+    cancelled: int | None = None  # cancelled jobs kept until the retention
     oldest_age: float = 0.0
     counts_capped: bool = False  # a count reached the store's cap: read it as "at least"
     arrival_rate: float = 0.0  # jobs enqueued per second, last minute (fleet-wide)
+    # paused fleet-wide (fleetd pause), as this node last read it: every kind, or these kinds
+    paused: bool = False
+    paused_kinds: tuple[str, ...] = ()
     # this node's work
     throughput: float = 0.0  # jobs finished per second here, last minute (any outcome)
     duration_p50: float | None = None  # seconds, jobs finished here in the recent window

@@ -110,6 +110,10 @@ def _sizing(p: PoolSummary) -> Text:
         text.append(" SATURATED", style="bold red")
     if p.draining:
         text.append(" DRAINING", style="bold yellow")
+    if p.paused:
+        text.append(" PAUSED", style="bold magenta")
+    elif p.paused_kinds:
+        text.append(f" PAUSED {','.join(p.paused_kinds)}", style="bold magenta")
     return text
 
 
@@ -176,6 +180,10 @@ def _pool_lines(p: PoolSummary) -> list[Text]:
         notes.append(f"no live node handles {', '.join(p.unserved_kinds)}")
     if p.nodes == 0:
         notes.append("no running supervisor")
+    if p.cancelled:
+        notes.append(f"{p.cancelled} cancelled")
+    if p.paused or p.paused_kinds:
+        notes.append(f"paused since {(p.paused_since or '')[11:19]}Z (fleetd resume)")
     if notes:
         lines.append(_line(Text("  " + " · ".join(notes), style="yellow")))
     return lines

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from supervisor.model import Job, iso
+from supervisor.model import Job, JobState, iso
 from supervisor.observe.schedview import ScheduleSummary
 
 
@@ -47,6 +47,10 @@ def jobs_table(found: list[Job], console: Console | None = None) -> None:
         table.add_column(name, overflow="fold", no_wrap=name != "error")
     for job in found:
         error = f"{job.error_kind}: {job.last_error}" if job.error_kind else ""
+        if job.state is JobState.CANCELLED and not job.error_kind:
+            error = job.last_error or ""
+        elif job.state is JobState.LEASED and job.cancel_requested_at is not None:
+            error = "cancel requested: stopping"
         table.add_row(
             str(job.id),
             job.kind,

@@ -134,7 +134,7 @@ class Dispatcher:
         workers may still be sent (none behind a job running long); such a pool also claims
         a second pipeline's worth ahead, and only once half of what it wants is missing, so
         one claim serves many jobs. One claim per pool is in flight at a time."""
-        if pool.name in self.claiming:
+        if pool.name in self.claiming or pool.paused:  # paused: nothing of it starts
             return
         if not any(w.state != WorkerState.STOPPING for w in pool.workers.values()):
             return  # no worker could run what is claimed (none yet, or all stopping)
@@ -169,7 +169,7 @@ class Dispatcher:
         limits = pool.limits
         claim = {
             "pool": pool.name,
-            "kinds": pool.kinds,
+            "kinds": pool.claimable,  # its kinds but the paused ones (run/controls.py)
             "n": want,
             "node": self.node_id,
             "lease": c.lease,
@@ -206,7 +206,9 @@ class Dispatcher:
         # worker left (scaled to zero, its last one dead); what nobody can run goes back
         nobody = not any(w.state != WorkerState.STOPPING for w in pool.workers.values())
         for claimed in got:
-            if self.draining or nobody:  # hand it back untouched
+            # hand it back untouched: a drain, nobody to run it, or its kind paused since
+            # the claim was sent (an armed one waits long)
+            if self.draining or nobody or claimed.kind in pool.paused_kinds:
                 self.outbox.release(claimed.lease)
                 continue
             self.buffer[pool.name].append(Buffered(claimed, expires))
@@ -386,6 +388,21 @@ class Dispatcher:
             pool.job_took(took)
         elif verdict.action == "release":
             self.outbox.release(job.claimed.lease)
+        elif verdict.action == "cancel":  # the store makes its end cancelled, counted
+            took = max(0.0, now - job.started)
+            failure = Failure(job.claimed.lease, None, verdict.message, None, worker.last_rss, took)
+            self.outbox.fail(pool.name, failure, job.claimed)
+            self.counters.job_finished(pool.name, "cancelled", took, worker.last_rss, now)
+            log_job(
+                logging.WARNING,
+                "job_cancelled",
+                job.claimed,
+                pool.name,
+                took,
+                worker.last_rss,
+                None,
+                verdict.message,
+            )
         else:
             self.counters.lost_leases += 1
             log.warning("job %s: %s", job.claimed.job_id, verdict.message)

@@ -17,7 +17,9 @@ from workers.limits import DEADLINE_SIGNAL
 class ExitVerdict:
     """What a worker's end means for the job it was running."""
 
-    action: str  # "fail": record a failure; "release": hand back; "forget": lease not ours
+    # "fail": record a failure; "release": hand back; "forget": lease not ours; "cancel": an
+    # operator cancelled it (the store makes the delivery's end cancelled, counted)
+    action: str
     error_kind: ErrorKind | None
     message: str
 
@@ -56,6 +58,8 @@ def classify_exit(status: int, reason: KillReason | None) -> ExitVerdict:
         return ExitVerdict("fail", ErrorKind.MEMORY_LIMIT, reason.detail)
     if reason.kind == KillKind.TIMEOUT:
         return ExitVerdict("fail", ErrorKind.TIMEOUT, reason.detail)
+    if reason.kind == KillKind.CANCEL:
+        return ExitVerdict("cancel", None, reason.detail)
     if reason.kind == KillKind.LEASE_LOST:
         return ExitVerdict("forget", None, reason.detail)
     return ExitVerdict("release", None, reason.detail or f"worker stopped ({reason.kind})")

@@ -44,6 +44,7 @@ from supervisor.observe.observer import Observer
 from supervisor.observe.server import MetricsServer
 from supervisor.policy import KillKind, KillReason
 from supervisor.run import watchdog
+from supervisor.run.controls import Controls
 from supervisor.run.counters import Counters
 from supervisor.run.dispatch import Dispatcher
 from supervisor.run.drain import Drain, DrainPhase
@@ -57,6 +58,7 @@ from supervisor.run.scheduler import Scheduler
 from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
 from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
+from supervisor.store.wake import CONTROLS_WAKE
 from workers import exitcodes, protocol
 
 log = logging.getLogger("fleetd.supervisor")
@@ -101,6 +103,10 @@ class Fleet:
         self.dispatcher = Dispatcher(self.link, self.pools, self.node_id, self.clock, self.counters)
         self.housekeeping = Housekeeping(
             self.chores, self.clock, self.counters, self.dispatcher.health
+        )
+        # pauses and cancels, read on the link several times a second (run/controls.py)
+        self.controls = Controls(
+            self.link, self.pools, self.dispatcher, self.node_id, self.clock, self.dispatcher.health
         )
         self.scheduler = Scheduler(
             self.chores, config.schedule_specs(), self.clock, self.dispatcher.health
@@ -151,6 +157,7 @@ class Fleet:
                 self.reap_children(now)
                 self.run_watchdog(now)
                 self.dispatch(now)
+                self.controls.tick(now)  # also during a drain: a cancel still stops a job
                 self.scaler.tick(now, draining=self.drain.active)
                 self.scheduler.tick(now, draining=self.drain.active)
                 self.spawn(now)
@@ -257,6 +264,8 @@ class Fleet:
             due.append(self.drain.deadline)
         if self.waker is None and self.store.dialect == "sqlite":
             due.append(self.next_waker_at)
+        if (controls_at := self.controls.due_at()) is not None:
+            due.append(controls_at)
         due.extend(self.link_timers(now))
         return max(0.0, min(due) - now) if due else 1.0
 
@@ -559,6 +568,8 @@ class Fleet:
             self.next_waker_at = self.clock.monotonic() + 1.0
 
     def on_wake_pools(self, pools: set[str]) -> None:
+        if CONTROLS_WAKE in pools:
+            self.controls.wake()
         for name in pools:
             if name in self.pools:
                 self.dispatcher.wake(self.pools[name])

@@ -38,6 +38,8 @@ class Pool:
     empty_claims: int = 0  # claims in a row that came back short (adaptive polling)
     next_poll_at: float = 0.0
     recent_duration: float | None = None  # handler time of recent jobs (policy.recent_duration)
+    # kinds no job of which may start here: paused fleet-wide (run/controls.py sets it)
+    paused_kinds: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -49,6 +51,16 @@ class Pool:
     @property
     def kinds(self) -> set[str]:
         return set(self.config.handlers)
+
+    @property
+    def claimable(self) -> set[str]:
+        """The kinds it may claim now: all but the paused ones."""
+        return self.kinds - self.paused_kinds
+
+    @property
+    def paused(self) -> bool:
+        """Every kind of it is paused: it starts nothing."""
+        return not self.claimable
 
     def idle(self) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state == WorkerState.IDLE]

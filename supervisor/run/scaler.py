@@ -146,6 +146,8 @@ class Scaler:
                 stats.oldest_ready_age,
             )
         s.desired = host_share(desired_total, self.live_nodes)
+        if pool.paused:  # its backlog waits on purpose: no more workers for it
+            s.desired = min(s.desired, pool.target)
         s.ceiling = ceiling
         target, s.state = next_target(
             pool.target, s.desired, ceiling.value, c.min_workers, s.state, now, c.scale_in_cooldown

@@ -178,6 +178,15 @@ class WorkerHandle:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, protocol.SOFT_TIMEOUT_SIGNAL)
 
+    def ask_cancel(self) -> None:
+        """An operator cancelled the running job: tell the handler
+        (``current_job().cancel_requested``) and SIGTERM the job's own processes (the worker
+        ignores SIGTERM); the caller SIGKILLs the group after a short grace."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, protocol.CANCEL_SIGNAL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGTERM)
+
     def record_kill(self, reason: KillReason, now: float) -> None:
         """Record why this worker dies, the job that is about (the one it runs now) and when:
         the one place a kill is booked, whether the parent kills (``kill``) or the kernel

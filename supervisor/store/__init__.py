@@ -13,14 +13,18 @@ from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import (
     Ack,
     AdvanceOutcome,
+    CancelOutcome,
     Claimed,
     ClaimLimits,
+    ControlState,
     FailOutcome,
     Failure,
     Job,
+    JobFilter,
     JobState,
     Lease,
     NewJob,
+    Pause,
     PoolHistory,
     PoolStats,
     ReapOutcome,
@@ -83,9 +87,29 @@ class Store(Protocol):
     def history(self, pool: str, *, window: float, sample: int = 500) -> PoolHistory: ...
     def dlq_list(self, *, pool: str | None = None, limit: int = 100) -> list[Job]: ...
     def dlq_requeue(
-        self, ids: Sequence[int] | None = None, *, pool: str | None = None
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        pool: str | None = None,
+        where: JobFilter | None = None,
     ) -> list[int]: ...
-    def dlq_purge(self, ids: Sequence[int] | None = None, *, pool: str | None = None) -> int: ...
+    def dlq_purge(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        pool: str | None = None,
+        where: JobFilter | None = None,
+    ) -> int: ...
+    def cancel(
+        self, ids: Sequence[int] | None = None, *, where: JobFilter | None = None
+    ) -> CancelOutcome: ...
+    def find_jobs(
+        self, where: JobFilter, states: Sequence[JobState], *, limit: int = 100
+    ) -> tuple[int, list[Job]]: ...
+    def pause(self, pool: str, kind: str | None = None) -> bool: ...
+    def resume(self, pool: str, kind: str | None = None) -> list[Pause]: ...
+    def pauses(self) -> list[Pause]: ...
+    def controls(self, node: str) -> ControlState: ...
     def prune(self, *, older_than: float, batch: int = 5000) -> int: ...
     def register_node(self, *, node_id: str, hostname: str, pid: int, fleet: str) -> None: ...
     def node_heartbeat(self, node_id: str, *, state: str, snapshot: str | None) -> None: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Column, Connection, inspect, select, text
 from sqlalchemy.schema import CreateIndex
 
 from supervisor.errors import StoreError
@@ -84,12 +84,29 @@ def _v5_schedules(conn: Connection, dialect: str) -> None:
     schema.metadata.create_all(conn, tables=[schema.schedules, schema.schedule_ticks])
 
 
+def _v6_operator_controls(conn: Connection, dialect: str) -> None:
+    """Cancel and pause (supervisor/store/controls.py): the jobs' ``cancel_requested_at``
+    column, its partial index and the cancelled jobs' index, and the pauses table. The column
+    is added only where migration 1 did not already make it (``schema.py`` has the latest
+    shape); a nullable column without a default is a catalog change on both engines, however
+    many rows the table holds."""
+    have = {c["name"] for c in inspect(conn).get_columns(schema.jobs.name)}
+    if "cancel_requested_at" not in have:
+        column: Column[float] = schema.jobs.c.cancel_requested_at
+        kind = column.type.compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE {schema.jobs.name} ADD COLUMN {column.name} {kind}"))
+    for index in (schema.ix_jobs_cancel, schema.ix_jobs_cancelled):
+        conn.execute(CreateIndex(index, if_not_exists=True))
+    schema.metadata.create_all(conn, tables=[schema.pauses])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_tables,
     _v2_postgres_vacuum,
     _v3_caps_and_retry_budget,
     _v4_postgres_partial_indexes,
     _v5_schedules,
+    _v6_operator_controls,
 )
 LATEST = len(MIGRATIONS)
 

@@ -137,7 +137,9 @@ class PostgresStore(SqlStore):
         return text(
             f"""
             UPDATE fleetd_jobs AS j
-               SET state = 'done', result = v.result, peak_rss = v.peak_rss,
+               SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'done'
+                                ELSE 'cancelled' END,
+                   result = v.result, peak_rss = v.peak_rss,
                    duration = v.duration, finished_at = {now},
                    owner = NULL, locked_until = NULL
               FROM unnest(CAST(:ids AS BIGINT[]), CAST(:tokens AS TEXT[]),

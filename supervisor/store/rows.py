@@ -94,6 +94,7 @@ def as_job(row: Any) -> Job:
         owner=m["owner"],
         locked_until=m["locked_until"],
         extensions=m["extensions"],
+        cancel_requested_at=m.get("cancel_requested_at"),
     )
 
 

@@ -77,6 +77,9 @@ jobs = Table(
     Column("last_error", Text),
     Column("error_kind", String(32)),
     Column("peak_rss", BigInteger),
+    # Migration 6: when a cancel was asked while the job was leased. Any end of that delivery
+    # (ack, fail, release, reap) then makes the job cancelled instead of done, queued or dead.
+    Column("cancel_requested_at", _Time),
     # Never reuse an id, even after the newest jobs are pruned: a client may still wait on it.
     sqlite_autoincrement=True,
 )
@@ -147,6 +150,15 @@ ix_jobs_leased = Index(
     "ix_jobs_leased", jobs.c.pool, TENANT, jobs.c.kind, **_partial("state = 'leased'")
 )
 
+# Migration 6: what each supervisor reads several times a second, the leases it holds whose
+# cancel was requested (a handful of rows, usually none), and cancelled jobs by finish time
+# (prune, counts, listing). Partial, so neither grows with the rest of the table.
+CANCEL_ASKED = "state = 'leased' AND cancel_requested_at IS NOT NULL"
+ix_jobs_cancel = Index("ix_jobs_cancel", jobs.c.owner, **_partial(CANCEL_ASKED))
+ix_jobs_cancelled = Index(
+    "ix_jobs_cancelled", jobs.c.pool, jobs.c.finished_at, **_partial("state = 'cancelled'")
+)
+
 nodes = Table(
     "fleetd_nodes",
     metadata,
@@ -206,4 +218,15 @@ schedule_ticks = Table(
     Column("schedule", String(200), primary_key=True),
     Column("tick", _Time, primary_key=True),
     Column("job_id", BigInteger, nullable=False),
+)
+
+# Pauses (migration 6; supervisor/store/controls.py). One row per paused pool (``kind`` is
+# ``ALL_KINDS``) or paused kind of a pool: no supervisor claims a job it covers.
+ALL_KINDS = ""
+pauses = Table(
+    "fleetd_pauses",
+    metadata,
+    Column("pool", String(200), primary_key=True),
+    Column("kind", String(200), primary_key=True),
+    Column("paused_at", _Time, nullable=False),
 )

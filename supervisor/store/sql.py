@@ -15,7 +15,11 @@ a lease token is made, connection set-up, and the wake-up channel. Around the ve
 - capped.py: the claim with fleet-wide caps and fair shares (``CappedClaims``, a mixin of this
   class), on top of fair.py;
 - budget.py: the retry budget's counters, written by claim and fail;
-- schedule_table.py: the schedule rows and their guarded advance (``ScheduleTable``, a mixin).
+- schedule_table.py: the schedule rows and their guarded advance (``ScheduleTable``, a mixin);
+- controls.py: cancel, pause and resume, and the filters of bulk actions (``ControlTable``).
+
+A job whose cancel was requested while it was leased (``cancel_requested_at``) ends that
+delivery ``cancelled`` whichever verb ends it: ack (its result kept), fail, release, reap.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from supervisor.model import (
     FailOutcome,
     Failure,
     Job,
+    JobFilter,
     JobState,
     Lease,
     NewJob,
@@ -68,6 +73,7 @@ from supervisor.model import (
 from supervisor.store import driver, migrations
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
+from supervisor.store.controls import ControlTable
 from supervisor.store.rows import (
     CLAIMED_AT,
     CLAIMED_COLUMNS,
@@ -83,8 +89,9 @@ from supervisor.store.rows import (
 )
 from supervisor.store.schedule_table import ScheduleTable
 from supervisor.store.schema import KEYED, jobs, nodes
+from supervisor.store.wake import CONTROLS_WAKE
 
-QUEUED, LEASED, DONE, DEAD = (s.value for s in JobState)
+QUEUED, LEASED, DONE, DEAD, CANCELLED = (s.value for s in JobState)
 _TIME = Float(precision=53)
 
 # Which of the given leases are still valid, their rows locked (``SqlStore._owned``)
@@ -99,7 +106,11 @@ class _Partial(Exception):
     """Inside the store only: a batched write did not take for every row; roll it back."""
 
 
-class SqlStore(CappedClaims, ScheduleTable):
+# A delivery whose cancel was requested ends cancelled, whatever ended it (controls.py)
+CANCEL_ASKED = jobs.c.cancel_requested_at.is_not(None)
+
+
+class SqlStore(CappedClaims, ScheduleTable, ControlTable):
     """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
 
     dialect = "sql"
@@ -158,6 +169,12 @@ class SqlStore(CappedClaims, ScheduleTable):
 
     def _after_commit(self, pools: set[str]) -> None:
         """Hook: wake local supervisors once the new jobs are visible (SQLite)."""
+
+    def _announce_controls(self) -> None:
+        """Have every supervisor read the controls now (a cancel, a pause, a resume): the
+        wake-up channel with a name no pool can have. Best effort: they read them every
+        ``CONTROLS_EVERY`` anyway."""
+        self._announce({CONTROLS_WAKE})
 
     def waker(self) -> Any:
         """A ``Waker`` for the supervisor's loop, or None when this engine has none."""
@@ -435,7 +452,7 @@ class SqlStore(CappedClaims, ScheduleTable):
                 jobs.c.state == LEASED,
             )
             .values(
-                state=DONE,
+                state=case((CANCEL_ASKED, CANCELLED), else_=DONE),
                 result=bindparam("b_result"),
                 peak_rss=bindparam("b_peak_rss"),
                 duration=bindparam("b_duration"),
@@ -451,6 +468,7 @@ class SqlStore(CappedClaims, ScheduleTable):
         ``budget`` that is spent is deferred instead (supervisor/store/budget.py)."""
         retried: list[int] = []
         dead: list[int] = []
+        cancelled: list[int] = []
         lost: list[Lease] = []
         with self._tx() as conn:
             deferred = self._budgets.judge(conn, failures)
@@ -460,7 +478,7 @@ class SqlStore(CappedClaims, ScheduleTable):
                 params = {
                     "leases": [(f.lease.job_id, f.lease.token)],
                     "f_delay": deferral.delay if deferral else f.retry_delay or 0.0,
-                    "f_error_kind": str(f.error_kind),
+                    "f_error_kind": None if f.error_kind is None else str(f.error_kind),
                     "f_message": deferral.message if deferral else f.message,
                     "f_peak_rss": f.peak_rss,
                     "f_duration": f.duration,
@@ -469,9 +487,10 @@ class SqlStore(CappedClaims, ScheduleTable):
                 if row is None:
                     lost.append(f.lease)
                 else:
-                    (dead if row.state == DEAD else retried).append(row.id)
+                    ended = {DEAD: dead, CANCELLED: cancelled}.get(row.state, retried)
+                    ended.append(row.id)
         later = tuple(i for i in retried if i in deferred)
-        return FailOutcome(tuple(retried), tuple(dead), tuple(lost), later)
+        return FailOutcome(tuple(retried), tuple(dead), tuple(lost), later, tuple(cancelled))
 
     @cached_property
     def _retry_stmt(self) -> Any:
@@ -487,12 +506,12 @@ class SqlStore(CappedClaims, ScheduleTable):
             update(jobs)
             .where(jobs.c.state == LEASED, LEASES_MATCH)
             .values(
-                state=case((at_limit, DEAD), else_=QUEUED),
+                state=case((CANCEL_ASKED, CANCELLED), (at_limit, DEAD), else_=QUEUED),
                 available_at=case(
-                    (at_limit, jobs.c.available_at),
+                    (CANCEL_ASKED | at_limit, jobs.c.available_at),
                     else_=now + bindparam("f_delay", type_=_TIME),
                 ),
-                finished_at=case((at_limit, now), else_=None),
+                finished_at=case((CANCEL_ASKED | at_limit, now), else_=None),
                 error_kind=bindparam("f_error_kind"),
                 last_error=bindparam("f_message"),
                 peak_rss=bindparam("f_peak_rss", type_=BigInteger),
@@ -510,8 +529,8 @@ class SqlStore(CappedClaims, ScheduleTable):
             return []
         with self._auto() as conn:
             rows = self._exec(conn, self._release_stmt, {"leases": lease_pairs(leases)}).all()
-        if rows:
-            self._announce({r.pool for r in rows})  # idle supervisors take them at once
+        if any(r.state == QUEUED for r in rows):  # idle supervisors take them at once
+            self._announce({r.pool for r in rows if r.state == QUEUED})
         return sorted(r.id for r in rows)
 
     @cached_property
@@ -520,14 +539,15 @@ class SqlStore(CappedClaims, ScheduleTable):
             update(jobs)
             .where(jobs.c.state == LEASED, LEASES_MATCH)
             .values(
-                state=QUEUED,
+                state=case((CANCEL_ASKED, CANCELLED), else_=QUEUED),
                 attempts=jobs.c.attempts - 1,
                 available_at=self._now(),
+                finished_at=case((CANCEL_ASKED, self._now()), else_=None),
                 owner=None,
                 locked_until=None,
                 lease_token=None,
             )
-            .returning(jobs.c.id, jobs.c.pool)
+            .returning(jobs.c.id, jobs.c.pool, jobs.c.state)
         )
 
     def reap(self, *, limit: int = 1000) -> ReapOutcome:
@@ -537,7 +557,8 @@ class SqlStore(CappedClaims, ScheduleTable):
             rows = self._exec(conn, self._reap_stmt, {"limit": limit}).all()
         requeued = tuple(sorted(r.id for r in rows if r.state == QUEUED))
         dead = tuple(sorted(r.id for r in rows if r.state == DEAD))
-        return ReapOutcome(requeued, dead, {r.id: r.attempts for r in rows})
+        cancelled = tuple(sorted(r.id for r in rows if r.state == CANCELLED))
+        return ReapOutcome(requeued, dead, {r.id: r.attempts for r in rows}, cancelled)
 
     @cached_property
     def _reap_stmt(self) -> Any:
@@ -559,8 +580,8 @@ class SqlStore(CappedClaims, ScheduleTable):
             update(jobs)
             .where(jobs.c.id.in_(expired.scalar_subquery()))
             .values(
-                state=case((at_limit, DEAD), else_=QUEUED),
-                finished_at=case((at_limit, now), else_=None),
+                state=case((CANCEL_ASKED, CANCELLED), (at_limit, DEAD), else_=QUEUED),
+                finished_at=case((CANCEL_ASKED | at_limit, now), else_=None),
                 available_at=now,
                 error_kind=ErrorKind.LEASE_EXPIRED.value,
                 last_error=message,
@@ -612,7 +633,7 @@ class SqlStore(CappedClaims, ScheduleTable):
             ready = self._capped(conn, and_(queued, jobs.c.available_at <= now))
         counts = {
             state: self._capped(conn, and_(in_pool, jobs.c.state == state))
-            for state in (QUEUED, LEASED, DONE, DEAD)
+            for state in (QUEUED, LEASED, DONE, DEAD, CANCELLED)
         }
         return PoolStats(
             pool=pool,
@@ -621,6 +642,7 @@ class SqlStore(CappedClaims, ScheduleTable):
             leased=counts[LEASED],
             done=counts[DONE],
             dead=counts[DEAD],
+            cancelled=counts[CANCELLED],
             oldest_ready_age=max(0.0, now_value - oldest) if ready else 0.0,
             capped=max(ready, *counts.values()) >= STATS_CAP,
         )
@@ -657,12 +679,17 @@ class SqlStore(CappedClaims, ScheduleTable):
         return self.list_jobs(state=JobState.DEAD, pool=pool, limit=limit)
 
     def dlq_requeue(
-        self, ids: Sequence[int] | None = None, *, pool: str | None = None
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        pool: str | None = None,
+        where: JobFilter | None = None,
     ) -> list[int]:
         """Give dead jobs a fresh delivery budget. ``ids`` None means every dead job (of
-        ``pool``). Naming a job that is missing or not dead changes nothing and raises."""
+        ``pool``, and matching ``where``). Naming a job that is missing or not dead changes
+        nothing and raises."""
         with self._tx() as conn:
-            target = self._dead_ids(conn, ids, pool)
+            target = self._dead_ids(conn, ids, pool, where)
             for chunk in chunks(target):
                 self._exec(
                     conn,
@@ -672,20 +699,34 @@ class SqlStore(CappedClaims, ScheduleTable):
                 )
         return target
 
-    def dlq_purge(self, ids: Sequence[int] | None = None, *, pool: str | None = None) -> int:
-        """Delete dead jobs (all of them, or of ``pool``, or exactly ``ids``)."""
+    def dlq_purge(
+        self,
+        ids: Sequence[int] | None = None,
+        *,
+        pool: str | None = None,
+        where: JobFilter | None = None,
+    ) -> int:
+        """Delete dead jobs (all of them, or of ``pool`` and matching ``where``, or exactly
+        ``ids``)."""
         with self._tx() as conn:
-            target = self._dead_ids(conn, ids, pool)
+            target = self._dead_ids(conn, ids, pool, where)
             for chunk in chunks(target):
                 conn.execute(delete(jobs).where(jobs.c.id.in_(chunk), jobs.c.state == DEAD))
         return len(target)
 
-    def _dead_ids(self, conn: Connection, ids: Sequence[int] | None, pool: str | None) -> list[int]:
+    def _dead_ids(
+        self,
+        conn: Connection,
+        ids: Sequence[int] | None,
+        pool: str | None,
+        where: JobFilter | None = None,
+    ) -> list[int]:
         if ids is None:
-            query = select(jobs.c.id).where(jobs.c.state == DEAD).order_by(jobs.c.id)
+            cond = self.matching(where or JobFilter(), [JobState.DEAD])
+            query = select(jobs.c.id).where(cond).order_by(jobs.c.id)
             if pool is not None:
                 query = query.where(jobs.c.pool == pool)
-            return list(conn.execute(query).scalars())
+            return list(self._exec(conn, query).scalars())
         wanted = sorted(set(ids))
         states: dict[int, str] = {}
         for chunk in chunks(wanted):
@@ -700,21 +741,26 @@ class SqlStore(CappedClaims, ScheduleTable):
         return wanted
 
     def prune(self, *, older_than: float, batch: int = 5000) -> int:
-        """Delete done jobs that finished more than ``older_than`` seconds ago, in batches so
-        no transaction holds the write lock for long."""
+        """Delete done and cancelled jobs that finished more than ``older_than`` seconds ago,
+        in batches so no transaction holds the write lock for long (each state through its
+        own partial index)."""
         total = 0
-        while True:
-            cutoff = self._now() - older_than
-            old = (
-                select(jobs.c.id)
-                .where(jobs.c.state == DONE, jobs.c.finished_at < cutoff)
-                .limit(batch)
-            )
-            with self._auto() as conn:
-                removed = self._exec(conn, delete(jobs).where(jobs.c.id.in_(old.scalar_subquery())))
-            total += removed.rowcount
-            if removed.rowcount < batch:
-                return total
+        for state in (DONE, CANCELLED):
+            while True:
+                cutoff = self._now() - older_than
+                old = (
+                    select(jobs.c.id)
+                    .where(jobs.c.state == state, jobs.c.finished_at < cutoff)
+                    .limit(batch)
+                )
+                with self._auto() as conn:
+                    removed = self._exec(
+                        conn, delete(jobs).where(jobs.c.id.in_(old.scalar_subquery()))
+                    )
+                total += removed.rowcount
+                if removed.rowcount < batch:
+                    break
+        return total
 
     # ---- nodes --------------------------------------------------------------------------
 

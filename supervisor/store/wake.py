@@ -24,6 +24,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
+# The name a wake-up carries to say "read the controls now" (a cancel, a pause, a resume):
+# no pool can have it (pool names are identifiers)
+CONTROLS_WAKE = "*controls"
+
 
 class Waker(Protocol):
     broken: bool

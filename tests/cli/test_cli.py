@@ -69,7 +69,7 @@ def test_config_from_the_environment(config):
         (["dlq", "requeue"], ["1"], "no job with id 1"),
         (["jobs"], ["--pool", "bulkk"], "no pool 'bulkk' here or in the database (pools: bulk"),
         (["dlq", "list"], ["--pool", "bulkk"], "no pool 'bulkk'"),
-        (["dlq", "purge"], ["--pool", "bulkk"], "no pool 'bulkk'"),
+        (["dlq", "purge"], ["--all", "--pool", "bulkk"], "no pool 'bulkk'"),
         (["dlq", "requeue"], ["--all", "--pool", "bulkk"], "no pool 'bulkk'"),
     ],
 )
@@ -149,7 +149,7 @@ def test_dlq_takes_the_config_before_or_after_its_subcommand(config, db_url):
     assert run("dlq", "list", "-c", str(config), "--json").output == listed.output
     assert run("dlq", "list", "--json", env={"FLEETD_CONFIG": str(config)}).output == listed.output
     out = run("dlq", "-c", str(config), "requeue", str(jid))
-    assert out.exit_code == 0 and out.output.strip() == "requeued 1 job(s)"
+    assert out.exit_code == 0 and out.output.strip() == f"requeued 1 job(s): {jid}"
     assert json.loads(run("jobs", "-c", str(config), "--json").output)["state"] == "queued"
     missing = CliRunner().invoke(main, ["dlq", "list"], env={"FLEETD_CONFIG": ""})
     assert missing.exit_code == 2 and "--config" in missing.output
@@ -193,8 +193,9 @@ def test_a_sqlite_file_uri_is_opened_where_sqlite_finds_it(tmp_path, monkeypatch
 
 def test_dlq_purge_with_the_config_first(config, db_url):
     _dead_job(db_url)
-    out = run("dlq", "-c", str(config), "purge")
-    assert out.exit_code == 0 and out.output.strip() == "purged 1 job(s)"
+    assert run("dlq", "-c", str(config), "purge").exit_code == 2  # wide: asks for --all
+    out = run("dlq", "-c", str(config), "purge", "--all")
+    assert out.exit_code == 0 and out.output.strip().startswith("purged 1 job(s): ")
     assert run("jobs", "-c", str(config), "--json").output == ""
 
 
@@ -247,3 +248,61 @@ def test_the_live_view_piped_prints_frame_after_frame_until_ctrl_c(config):
         proc.kill()
         proc.wait()
     assert frames == 3
+
+
+# ---- operator controls: dlq by filter, cancel, pause (issue 15) --------------------------
+
+
+def test_dlq_requeue_and_purge_by_filter_say_what_they_touched(config, db_url):
+    first, second = _dead_job(db_url), _dead_job(db_url)
+    out = run("dlq", "-c", str(config), "requeue", "--error-kind", "timeout", "--since", "1h")
+    assert (
+        out.output.strip()
+        == "no dead job matching error-kind=timeout since=3600s; nothing requeued"
+    )
+    out = run("dlq", "-c", str(config), "requeue", "--kind", "render", "--error-kind", "permanent")
+    assert out.output.strip() == (
+        f"requeued 2 job(s) matching kind=render error-kind=permanent: {first}, {second}"
+    )
+    third = _dead_job(db_url)
+    dead = [
+        j["id"]
+        for j in map(
+            json.loads, run("dlq", "-c", str(config), "list", "--json").output.splitlines()
+        )
+    ]
+    out = run("dlq", "-c", str(config), "purge", "--since", "1h")
+    # the third dead job (its claim took the oldest queued job: one of the two requeued)
+    assert third and len(dead) == 1
+    assert out.output.strip() == f"purged 1 job(s) matching since=3600s: {dead[0]}"
+    bad = CliRunner().invoke(main, ["dlq", "requeue", "-c", str(config), "--since", "soon"])
+    assert bad.exit_code == 2
+    both = CliRunner().invoke(main, ["dlq", "purge", "-c", str(config), "--all", "--kind", "x"])
+    assert both.exit_code == 2 and "--all" in both.output
+
+
+def test_cancel_pause_and_resume_say_what_they_did(config):
+    jid = run("enqueue", "-c", str(config), "render", "--tenant", "acme").output.strip()
+    dry = run("cancel", "-c", str(config), "--tenant", "acme")
+    assert f"would cancel 1 job(s) matching tenant=acme: {jid}" in dry.output
+    assert "--yes" in dry.output
+    assert json.loads(run("jobs", "-c", str(config), "--json").output)["state"] == "queued"
+    done = run("cancel", "-c", str(config), "--tenant", "acme", "--yes")
+    assert done.output.strip() == f"cancelled 1 queued job(s): {jid}"
+    job = json.loads(run("jobs", "-c", str(config), "--json", "--state", "cancelled").output)
+    assert job["state"] == "cancelled" and job["finished_at"].endswith("Z")
+    for args, text in (
+        (["cancel", "-c", str(config)], "IDS or a filter"),
+        (["cancel", "-c", str(config), jid, "--kind", "render"], "not both"),
+        (["cancel", "-c", str(config), "999"], "no job with id 999"),
+        (["pause", "-c", str(config), "bulkk"], "no pool 'bulkk'"),
+        (["pause", "-c", str(config), "bulk", "--kind", "nope"], "no kind 'nope'"),
+    ):
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 2 and text in out.output, (args, out.output)
+    assert "paused pool bulk fleet-wide" in run("pause", "-c", str(config), "bulk").output
+    assert "paused already" in run("pause", "-c", str(config), "bulk").output
+    status = json.loads(run("status", "-c", str(config), "--json").output)
+    assert status["pools"]["bulk"]["paused"] is True and status["pools"]["bulk"]["paused_since"]
+    assert "resumed pool bulk" in run("resume", "-c", str(config), "bulk").output
+    assert "was not paused" in run("resume", "-c", str(config), "bulk").output

@@ -102,6 +102,7 @@ def quiet(fleet: Fleet, now: float) -> None:
     """Every timer of the loop far away."""
     fleet.next_publish = fleet.scaler.next_eval = fleet.housekeeping.next_reap = now + 100
     fleet.next_watchdog = fleet.next_waker_at = now + 100
+    fleet.controls.next_read = now + 100  # pauses and cancels (run/controls.py)
     for pool in fleet.pools.values():
         pool.next_poll_at = now + 100
         fleet.dispatcher.next_heartbeat[pool.name] = now + 100
@@ -412,3 +413,17 @@ def test_an_armed_claim_answered_after_the_pool_lost_its_workers_hands_its_jobs_
     link.answer()
     found = store.get(jid)
     assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
+
+
+def test_the_loop_sleeps_while_the_controls_are_read(made) -> None:
+    fleet, store, link = made()
+    infleet.one_worker(fleet, short_jobs=False)
+    now = fleet.clock.monotonic()
+    fleet.controls.tick(now)  # due at once after boot
+    assert link.names() == ["controls"]
+    quiet(fleet, now)
+    fleet.controls.next_read = now - 1
+    assert fleet.next_timeout() > 1.0  # its reply wakes the selector
+    store.pause("p")
+    link.answer()
+    assert fleet.pools["p"].paused and not fleet.controls.reading

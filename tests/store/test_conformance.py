@@ -357,3 +357,108 @@ def test_stats_counts_stop_at_the_cap(store, clock, monkeypatch):
     assert bulk.ready == 5 and bulk.capped and bulk.oldest_ready_age == pytest.approx(3.0)
     small = store.stats(["other"])["other"]
     assert small.ready == 0 and not small.capped
+
+
+# ---- operator controls: cancel, pause, bulk filters (supervisor/store/controls.py) -------
+
+
+def test_cancel_a_queued_job_at_once_and_it_is_never_claimed(store, clock):
+    first, waiting = store.enqueue_many([job(), job(delay=60)])
+    out = store.cancel([first, waiting])  # waiting: a job between retries looks the same
+    assert out.cancelled == (first, waiting) and not out.requested and not out.unchanged
+    assert {store.get(i).state for i in (first, waiting)} == {JobState.CANCELLED}
+    assert store.get(first).finished_at == clock.now()
+    clock.advance(61)
+    assert claim(store, n=5) == []
+    assert store.stats(["bulk"])["bulk"].cancelled == 2
+
+
+def test_cancel_of_a_leased_job_is_requested_and_any_end_makes_it_cancelled(store, clock):
+    a, b, c, d = store.enqueue_many([job() for _ in range(4)])
+    leases = {x.job_id: x.lease for x in claim(store, n=4, lease=10)}
+    out = store.cancel([a, b, c, d])
+    assert out.requested == {a: "node-a", b: "node-a", c: "node-a", d: "node-a"}
+    assert store.get(a).state is JobState.LEASED and store.get(a).cancel_requested_at
+    assert {x.job_id for x in store.controls("node-a").cancels} == {a, b, c, d}
+    assert store.controls("node-b").cancels == ()
+    # an ack keeps its result, a failure is never retried, a release never requeues, and the
+    # reaper of a lost host cancels too
+    assert store.ack([Ack(leases[a], result="7")]) == []
+    failed = store.fail([Failure(leases[b], ErrorKind.EXCEPTION, "boom", retry_delay=0.0)])
+    assert failed.cancelled == (b,) and failed.retried == ()
+    assert store.release([leases[c]]) == [c]
+    clock.advance(11)
+    assert store.reap().count == 1
+    rows = {i: store.get(i) for i in (a, b, c, d)}
+    assert {r.state for r in rows.values()} == {JobState.CANCELLED}
+    assert rows[a].result == 7 and rows[b].attempts == 1 and rows[c].attempts == 0
+    assert store.controls("node-a").cancels == ()
+    assert claim(store, n=4) == []
+
+
+def test_cancel_of_final_jobs_changes_nothing_and_says_so(store):
+    done, dead = store.enqueue(job()), _dead(store, 1)[0]
+    (c,) = claim(store)
+    store.ack([Ack(c.lease, result="1")])
+    out = store.cancel([done, dead])
+    assert not out.took and out.unchanged == {done: JobState.DONE, dead: JobState.DEAD}
+    assert store.cancel([done]).unchanged == {done: JobState.DONE}
+    with pytest.raises(JobNotFound, match="99999"):
+        store.cancel([done, 99999])
+
+
+def test_cancel_by_filter_touches_only_what_matches(store):
+    acme = store.enqueue_many([job(tenant="acme") for _ in range(3)])
+    other = store.enqueue_many([job(tenant="other"), job(kind="thumb", tenant="acme")])
+    (leased,) = claim(store, n=1)  # acme[0]
+    from supervisor.model import JobFilter
+
+    only_queued = JobFilter(kind="render", tenant="acme", states=(JobState.QUEUED,))
+    count, found = store.find_jobs(only_queued, [JobState.QUEUED])
+    assert count == 2 and [j.id for j in found] == acme[1:]
+    out = store.cancel(where=only_queued)
+    assert out.cancelled == tuple(acme[1:]) and not out.requested
+    out = store.cancel(where=JobFilter(kind="render", tenant="acme"))
+    assert out.requested == {leased.job_id: "node-a"} and out.cancelled == ()
+    assert store.cancel(where=JobFilter(kind="render", tenant="acme")).took is False
+    assert [store.get(i).state for i in other] == [JobState.QUEUED, JobState.QUEUED]
+
+
+def test_pause_and_resume_are_stored_and_say_whether_they_took(store):
+    assert store.pause("bulk") is True and store.pause("bulk") is False
+    assert store.pause("bulk", "render") is True and store.pause("other", "x") is True
+    assert [(p.pool, p.kind) for p in store.controls("n").pauses] == [
+        ("bulk", None),
+        ("bulk", "render"),
+        ("other", "x"),
+    ]
+    assert [(p.pool, p.kind) for p in store.resume("bulk", "render")] == [("bulk", "render")]
+    assert [(p.pool, p.kind) for p in store.resume("bulk")] == [("bulk", None)]
+    assert store.resume("bulk") == []
+    assert [(p.pool, p.kind) for p in store.pauses()] == [("other", "x")]
+
+
+def test_cancelled_jobs_are_pruned_after_the_retention(store, clock):
+    old = store.enqueue(job())
+    store.cancel([old])
+    clock.advance(100)
+    young = store.enqueue(job())
+    store.cancel([young])
+    assert store.prune(older_than=50) == 1
+    assert store.get(old) is None and store.get(young).state is JobState.CANCELLED
+
+
+def test_dlq_requeue_and_purge_by_filter(store, clock):
+    from supervisor.model import JobFilter
+
+    old = _dead(store, 1)[0]
+    clock.advance(3600)
+    mem = store.enqueue_many([job(kind="bad", tenant="acme") for _ in range(2)])
+    for c in claim(store, n=2, kinds=("bad",)):
+        store.fail([Failure(c.lease, ErrorKind.MEMORY_LIMIT, "big", retry_delay=None)])
+    recent = JobFilter(kind="bad", error_kind=ErrorKind.MEMORY_LIMIT, since=600)
+    assert store.find_jobs(recent, [JobState.DEAD])[0] == 2
+    assert store.dlq_requeue(where=JobFilter(since=600, tenant="nobody")) == []
+    assert store.dlq_requeue(where=recent) == mem
+    assert store.dlq_purge(where=JobFilter(error_kind=ErrorKind.PERMANENT)) == 1
+    assert store.get(old) is None and store.get(mem[0]).state is JobState.QUEUED

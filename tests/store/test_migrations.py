@@ -118,3 +118,38 @@ def test_a_new_database_is_made_in_its_engines_latest_shape(db_url, clock):
         store.close()
     reopened = open_store(db_url, clock)  # nothing left to migrate: opens as it is
     reopened.close()
+
+
+def test_migration_6_adds_cancel_and_pauses_to_a_version_5_database(db_url, clock):
+    """Release 5's jobs table has no cancel_requested_at column, its indexes or the pauses
+    table: migration 6 adds them, and a job leased before the upgrade can be cancelled."""
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as conn:
+            dialect = engine.dialect.name
+            schema.metadata.create_all(conn, tables=[schema.schema_version])
+            for number, migration in enumerate(migrations.MIGRATIONS[:5], start=1):
+                migration(conn, dialect)
+                conn.execute(schema.schema_version.insert().values(version=number, applied_at=0))
+            for index in ("ix_jobs_cancel", "ix_jobs_cancelled"):  # migration 1 is today's shape
+                conn.execute(text(f"DROP INDEX {index}"))
+            conn.execute(text("ALTER TABLE fleetd_jobs DROP COLUMN cancel_requested_at"))
+            conn.execute(
+                text(
+                    "INSERT INTO fleetd_jobs (kind, pool, state, payload, max_deliveries,"
+                    " enqueued_at, available_at, owner, lease_token, locked_until, attempts)"
+                    " VALUES ('render', 'bulk', 'leased', '{}', 3, 0, 0, 'n', 'tok', 1e12, 1)"
+                )
+            )
+    finally:
+        engine.dispose()
+    store = open_store(db_url, clock)
+    try:
+        assert {"ix_jobs_cancel", "ix_jobs_cancelled"} <= index_names(store)
+        (old,) = store.list_jobs()
+        assert store.cancel([old.id]).requested == {old.id: "n"}
+        assert [c.job_id for c in store.controls("n").cancels] == [old.id]
+        assert store.pause("bulk") and [p.pool for p in store.pauses()] == ["bulk"]
+        assert migrations.LATEST == 6
+    finally:
+        store.close()

@@ -299,3 +299,16 @@ def hostile(payload: Payload) -> Any:
     if how == "raise_unprintable":
         raise _UnprintableError()
     raise ValueError(f"unknown how {how!r}")
+
+
+@recorded
+def until_cancelled(payload: Payload) -> dict[str, Any]:
+    """Work in a loop that looks at ``current_job().cancel_requested`` and stops early (a
+    cooperative stop); otherwise run ``seconds`` (default 60)."""
+    ctx = current_job()
+    end = time.monotonic() + float(payload.get("seconds", 60))
+    while time.monotonic() < end:
+        if ctx.cancel_requested:
+            return {"stopped": True}
+        time.sleep(0.005)
+    return {"stopped": False}

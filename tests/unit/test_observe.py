@@ -400,3 +400,43 @@ def test_a_running_jobs_elapsed_time_counts_the_snapshots_age() -> None:
     v = view(row(snapshot(pool(workers=(busy, idle))), age=0.8))
     shown = {r.worker.slot: r.worker.elapsed for r in v.workers}
     assert shown == {1: pytest.approx(2.8), 2: None}  # 2.0 s when the node wrote it
+
+
+def test_the_view_shows_a_paused_pool_and_cancelled_jobs() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from supervisor.model import Pause, PoolStats
+    from supervisor.observe.fleetview import build_view
+    from supervisor.observe.status_view import render
+
+    config = SimpleNamespace(
+        handlers={"render": "m:f", "thumb": "m:g"},
+        latency_target=300.0,
+        memory_limit=None,
+        timeout=60.0,
+    )
+
+    def view(pauses: list[Pause]):
+        return build_view(
+            fleet="f",
+            database="sqlite:///x",
+            configured={"bulk": config},
+            stats={"bulk": PoolStats("bulk", ready=5, cancelled=3)},
+            rows=[],
+            now=1_800_000_000.0,
+            pauses=pauses,
+        )
+
+    whole = view([Pause("bulk", None, 1_799_999_000.0)]).pools[0]
+    assert whole.paused and whole.paused_kinds == () and whole.cancelled == 3
+    assert whole.paused_since == "2027-01-15T07:43:20Z"
+    one = view([Pause("bulk", "thumb", 1_799_999_000.0)]).pools[0]
+    assert not one.paused and one.paused_kinds == ("thumb",)
+    both = view([Pause("bulk", "thumb", 1.0), Pause("bulk", "render", 2.0)]).pools[0]
+    assert both.paused  # every kind of it: the pool is paused
+    console = Console(record=True, width=80)
+    console.print(render(view([Pause("bulk", None, 1_799_999_000.0)]), 80, 24))
+    text = console.export_text()
+    assert "PAUSED" in text and "3 cancelled" in text and "fleetd resume" in text

@@ -1,0 +1,135 @@
+"""Pure: what the operator commands say (``fleetd cancel``, ``pause``, ``resume``, the bulk
+``dlq`` actions). Values in, lines out; the CLI prints them. Every action says what it did,
+names what it left alone and why, and how to undo it where that makes sense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from supervisor.model import CancelOutcome, Job, JobFilter, JobState, Pause, iso
+
+SHOWN = 20  # ids listed in a line before "and N more"
+
+
+def id_list(ids: Sequence[int]) -> str:
+    """``3, 4, 9`` or ``3, 4, ... and 120 more``.
+
+    >>> id_list([1, 2, 3])
+    '1, 2, 3'
+    >>> id_list(list(range(1, 25)))
+    '1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 and 4 more'
+    """
+    shown = ", ".join(map(str, ids[:SHOWN]))
+    return shown + (f" and {len(ids) - SHOWN} more" if len(ids) > SHOWN else "")
+
+
+def describe_filter(where: JobFilter) -> str:
+    """The filter as the operator typed it.
+
+    >>> describe_filter(JobFilter(kind="render", tenant="acme", since=3600.0))
+    'kind=render tenant=acme since=3600s'
+    """
+    parts = [
+        f"{name}={value}"
+        for name, value in (
+            ("kind", where.kind),
+            ("tenant", where.tenant),
+            ("pool", where.pool),
+            ("error-kind", where.error_kind),
+        )
+        if value is not None
+    ]
+    if where.states:
+        parts.append("state=" + ",".join(str(s) for s in where.states))
+    if where.since is not None:
+        parts.append(f"since={where.since:g}s")
+    return " ".join(parts) or "(every job)"
+
+
+def cancel_lines(out: CancelOutcome) -> list[str]:
+    """One line per job: cancelled, asked to stop (and where), or left alone (and why)."""
+    lines = [f"job {i}: cancelled (it was queued; it will not run)" for i in out.cancelled]
+    for job_id, node in sorted(out.requested.items()):
+        lines.append(
+            f"job {job_id}: cancel requested: it is running on {node or 'a supervisor'}, "
+            "which stops it within a second"
+        )
+    for job_id, state in sorted(out.unchanged.items()):
+        lines.append(f"job {job_id}: {state} already; nothing changed")
+    return lines
+
+
+def stopped_lines(jobs: Sequence[Job], waited: float) -> list[str]:
+    """What became of jobs whose cancel was requested, after waiting ``waited`` seconds."""
+    lines = []
+    for job in jobs:
+        if job.state is JobState.CANCELLED:
+            lines.append(f"job {job.id}: stopped, now cancelled")
+        elif job.state is JobState.LEASED:
+            lines.append(
+                f"job {job.id}: still stopping after {waited:g}s (held by {job.owner}; if "
+                "that supervisor is gone the job ends cancelled when its lease expires)"
+            )
+        else:
+            lines.append(f"job {job.id}: ended {job.state} before the cancel took effect")
+    return lines
+
+
+def cancel_preview(where: JobFilter, count: int, found: Sequence[Job]) -> list[str]:
+    """A cancel by filter without --yes: what it would touch, and how to do it."""
+    if not count:
+        return [f"no queued or running job matches {describe_filter(where)}; nothing to cancel"]
+    running = sum(1 for j in found if j.state is JobState.LEASED)
+    lines = [
+        f"would cancel {count} job(s) matching {describe_filter(where)}: "
+        f"{id_list([j.id for j in found])}"
+    ]
+    if running:
+        lines.append(f"{running} of those listed are running and would be stopped")
+    lines.append("nothing changed: run again with --yes to cancel them")
+    return lines
+
+
+def cancel_summary(where: JobFilter, out: CancelOutcome) -> list[str]:
+    """A cancel by filter with --yes: what it did."""
+    if not out.took:
+        return [f"no queued or running job matches {describe_filter(where)}; nothing changed"]
+    lines = []
+    if out.cancelled:
+        lines.append(f"cancelled {len(out.cancelled)} queued job(s): {id_list(out.cancelled)}")
+    if out.requested:
+        ids = sorted(out.requested)
+        lines.append(f"asked {len(ids)} running job(s) to stop (within a second): {id_list(ids)}")
+    return lines
+
+
+def what(pool: str, kind: str | None) -> str:
+    return f"kind {kind} of pool {pool}" if kind else f"pool {pool}"
+
+
+def pause_line(pool: str, kind: str | None, took: bool, config_path: str) -> str:
+    undo = f"fleetd resume -c {config_path} {pool}" + (f" --kind {kind}" if kind else "")
+    if not took:
+        return f"{what(pool, kind)} was paused already; nothing changed (undo: {undo})"
+    return (
+        f"paused {what(pool, kind)} fleet-wide: no new job of it starts; running jobs finish "
+        f"(undo: {undo})"
+    )
+
+
+def resume_lines(pool: str, kind: str | None, lifted: Sequence[Pause]) -> list[str]:
+    if not lifted:
+        return [f"{what(pool, kind)} was not paused; nothing changed"]
+    return [
+        f"resumed {what(p.pool, p.kind)} (paused since {iso(p.since)}): its jobs start again"
+        for p in lifted
+    ]
+
+
+def dlq_lines(verb: str, ids: Sequence[int], where: JobFilter | None) -> list[str]:
+    """``requeued 3 job(s): 4, 5, 9`` (with the filter, when one chose them)."""
+    chosen = f" matching {describe_filter(where)}" if where is not None else ""
+    if not ids:
+        return [f"no dead job{chosen}; nothing {verb}"]
+    return [f"{verb} {len(ids)} job(s){chosen}: {id_list(ids)}"]
