@@ -401,6 +401,12 @@ class ScheduleAdvance:
     jobs: tuple[tuple[float, NewJob], ...] = ()
     missed: int = 0
 
+    def __post_init__(self) -> None:
+        if not self.through > self.expected:  # a decided tick is never decided again
+            raise ValueError(f"schedule {self.name}: through goes back or stays ({self})")
+        if self.missed < 0:
+            raise ValueError(f"schedule {self.name}: a negative missed count ({self})")
+
 
 @dataclass(frozen=True, slots=True)
 class AdvanceOutcome:

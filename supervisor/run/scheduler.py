@@ -79,8 +79,9 @@ class Scheduler:
         report: PassReport = reply.value
         self.report, self.report_at = report, reply.started
         wait = MAX_WAIT
-        if report.next_tick is not None:
-            wait = min(MAX_WAIT, max(0.0, report.next_tick - report.now) + EARLY)
+        if report.next_tick is not None and report.next_tick > report.now:
+            # (a next tick at or before now would be a planning bug: MAX_WAIT, not a spin)
+            wait = min(MAX_WAIT, report.next_tick - report.now + EARLY)
         self.next_pass = reply.started + wait
         for outcome in report.outcomes:
             if outcome.took:

@@ -7,16 +7,24 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import time
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from supervisor.model import Ack, JobState, ScheduleAdvance
+from supervisor.run.counters import Counters
+from supervisor.run.outbox import StoreHealth
 from supervisor.run.schedulepass import schedule_pass
+from supervisor.run.scheduler import MAX_WAIT, Scheduler
+from supervisor.run.storelink import InlineLink
 from supervisor.schedules import ScheduleSpec, Timing, tick_job, tick_key
 from supervisor.store import open_store
 from supervisor.store.schema import TICKS_KEPT
 
+NEW_YORK = ZoneInfo("America/New_York")
 SPEC = ScheduleSpec(
     name="sync",
     timing=Timing.of(None, 10),
@@ -119,6 +127,36 @@ def test_a_pass_catches_up_from_the_stored_row(store, clock):
     assert (len(o.enqueued), o.plan.late, o.plan.missed) == (4, 3, 1)
     assert report.states["sync"].missed == 1
     assert schedule_pass(store, [SPEC]).outcomes[0].enqueued == ()  # nothing twice
+
+
+def test_a_scheduler_in_the_repeated_hour_does_not_spin(store, clock):
+    """New York's fall-back night, in the second 01:05: the next 01:50 is tomorrow's, so the
+    loop's scheduler passes at most every ``MAX_WAIT``, and no tick from before the schedule
+    existed is enqueued. (The next tick once came out as tonight's first 01:50, already past:
+    a pass every 5 ms.)"""
+    clock.advance(datetime(2027, 11, 7, 1, 5, fold=1, tzinfo=NEW_YORK).timestamp() - clock.now())
+    nightly = replace(SPEC, name="nightly", timing=Timing.of("50 1 * * *", None, str(NEW_YORK)))
+    link = InlineLink(store, clock.monotonic)
+    passes = 0
+
+    def counted(call: str, *args: Any, on_reply: Any) -> None:
+        nonlocal passes
+        passes += 1
+        InlineLink.submit(link, call, *args, on_reply=on_reply)
+
+    link.submit = counted  # type: ignore[method-assign]
+    scheduler = Scheduler(link, [nightly], clock, StoreHealth(Counters()))
+    end = clock.monotonic() + 60
+    while clock.monotonic() < end:  # the loop: pass when due, sleep until the next is due
+        scheduler.tick(clock.monotonic(), draining=False)
+        due = scheduler.due_at()
+        assert due is not None
+        clock.advance(max(0.001, due - clock.monotonic()))
+    assert passes <= 60 / MAX_WAIT + 1, passes
+    assert store.list_jobs() == []
+    row = store.schedule_states(["nightly"]).states["nightly"]
+    assert row.through == row.created_at and scheduler.report is not None
+    assert scheduler.report.next_tick == datetime(2027, 11, 8, 6, 50, tzinfo=UTC).timestamp()
 
 
 # ---- racing processes ------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from cronsim import CronSim
 
 from supervisor.clock import FakeClock
-from supervisor.model import JobState, ScheduleState, TickJob
+from supervisor.model import JobState, ScheduleAdvance, ScheduleState, TickJob
 from supervisor.schedules import (
     MISFIRE,
     SCAN_CAP,
@@ -94,6 +94,99 @@ def test_dst_ticks_as_debian_cron_runs_them() -> None:
         datetime(2027, 10, 31, 0, 30, tzinfo=UTC).timestamp(),
         datetime(2027, 11, 1, 1, 30, tzinfo=UTC).timestamp(),
     )
+
+
+# ---- inside the repeated hour of a fall-back night ------------------------------------------
+# cronsim reads the wall time: started in the second pass of the repeated hour it first yields
+# the fixed-time tick of the first pass, already past. Nothing may come out before ``t``.
+
+PARIS, NEW_YORK = ZoneInfo("Europe/Paris"), ZoneInfo("America/New_York")
+
+
+def local(tz: ZoneInfo, *args: int, fold: int = 0) -> float:
+    return datetime(*args, fold=fold, tzinfo=tz).timestamp()  # type: ignore[misc]
+
+
+def utc(*args: int) -> float:
+    return datetime(*args, tzinfo=UTC).timestamp()  # type: ignore[misc]
+
+
+# (cron, zone, now: a wall time of the second pass) -> the next tick (UTC)
+IN_THE_REPEATED_HOUR = [
+    ("30 2 * * *", "Europe/Paris", (2024, 10, 27, 2, 10), utc(2024, 10, 28, 1, 30)),
+    ("30 2 * * *", "Europe/Paris", (2024, 10, 27, 2, 0), utc(2024, 10, 28, 1, 30)),
+    ("30 2 * * *", "Europe/Paris", (2024, 10, 27, 2, 29), utc(2024, 10, 28, 1, 30)),
+    ("50 1 * * *", "America/New_York", (2024, 11, 3, 1, 10), utc(2024, 11, 4, 6, 50)),
+    ("50 1 * * *", "America/New_York", (2024, 11, 3, 1, 49), utc(2024, 11, 4, 6, 50)),
+    # ticks that the second pass has do come (hourly, every quarter hour)
+    ("0 * * * *", "Europe/Paris", (2024, 10, 27, 2, 10), utc(2024, 10, 27, 2, 0)),
+    ("*/15 * * * *", "Europe/Paris", (2024, 10, 27, 2, 10), utc(2024, 10, 27, 1, 15)),
+]
+
+
+@pytest.mark.parametrize(("expr", "tz", "wall", "expected"), IN_THE_REPEATED_HOUR)
+def test_the_next_tick_from_inside_the_repeated_hour_is_later(
+    expr: str, tz: str, wall: tuple[int, ...], expected: float
+) -> None:
+    t = Timing.of(expr, None, tz)
+    now = local(ZoneInfo(tz), *wall, fold=1)
+    assert t.after(now) == expected > now
+    assert t.next_ticks(now, 1) == (expected,)
+    assert lateness(spec(t), state(now), now + 60) == 0.0
+
+
+@pytest.mark.parametrize(("expr", "tz", "wall", "expected"), IN_THE_REPEATED_HOUR)
+def test_nothing_before_through_is_due_from_inside_the_repeated_hour(
+    expr: str, tz: str, wall: tuple[int, ...], expected: float
+) -> None:
+    """A schedule registered (or last decided) in the second pass: no tick from before it."""
+    t = Timing.of(expr, None, tz)
+    now = local(ZoneInfo(tz), *wall, fold=1)
+    count, ticks = t.due(now, now + 60, keep=5)
+    assert (count, ticks) == ((1, (expected,)) if expected <= now + 60 else (0, ()))
+    p = plan(spec(t), state(now), now + 60)
+    assert p.next_tick is not None and p.next_tick > now + 60
+    assert p.through is None or p.through > now
+    assert all(tick > now for tick in p.enqueue)
+
+
+def test_a_fall_back_night_of_passes_enqueues_each_tick_once_in_order() -> None:
+    """Passes every 7 s through New York's fall-back night: every tick once, in order,
+    ``through`` only forward, and each next tick after the pass's now."""
+    daily = spec(Timing.of("50 1 * * *", None, "America/New_York"), overlap="allow")
+    quarter = spec(Timing.of("*/15 * * * *", None, "America/New_York"), overlap="allow")
+    start = local(NEW_YORK, 2024, 11, 3, 0, 30)
+    for s, expected in [
+        (daily, [utc(2024, 11, 3, 5, 50)]),
+        (quarter, [start + 900 * k for k in range(1, 13)]),  # 00:45 EDT .. 02:15 EST
+    ]:
+        st, enqueued = state(start), []
+        passes = range(int(start) + 7, int(start) + 3 * 3600 + 8, 7)
+        for now in passes:
+            p = plan(s, st, now)
+            assert p.next_tick is not None and p.next_tick > now
+            enqueued += p.enqueue
+            if p.through is not None:
+                assert p.through > st.through
+                st = replace(st, through=p.through)
+        assert enqueued == expected, s.timing
+
+
+@pytest.mark.parametrize("tz", [PARIS, NEW_YORK])
+@pytest.mark.parametrize("expr", ["30 2 * * *", "50 1 * * *", "0 * * * *", "*/20 1-3 * * *"])
+def test_around_both_dst_changes_ticks_only_move_forward(expr: str, tz: ZoneInfo) -> None:
+    """From every 10 minutes of both DST nights: the next tick is later, and the ticks a
+    pass finds due are the ones ``after`` walks through."""
+    t = Timing.of(expr, None, str(tz))
+    nights = [datetime(2024, 3, 31, tzinfo=tz), datetime(2024, 3, 10, tzinfo=tz)]
+    nights += [datetime(2024, 10, 27, tzinfo=tz), datetime(2024, 11, 3, tzinfo=tz)]
+    for night in nights:
+        for k in range(0, 6 * 6):
+            now = night.timestamp() + 600 * k
+            walked = t.next_ticks(now, 8)
+            assert walked[0] > now and list(walked) == sorted(set(walked))
+            count, due = t.due(now, walked[-1], keep=8)
+            assert due == walked and count == 8
 
 
 def test_a_gap_longer_than_the_scan_counts_at_least_the_cap_and_keeps_the_newest() -> None:
@@ -209,3 +302,12 @@ def test_lateness_says_how_long_a_due_tick_waited_undecided() -> None:
     assert lateness(s, state(T0), T0 + 9) == 0.0
     assert lateness(s, state(T0), T0 + 15) == 0.0  # within one period of tick T0 + 10
     assert lateness(s, state(T0), T0 + 45) == 25.0
+
+
+def test_an_advance_only_moves_through_forward() -> None:
+    assert ScheduleAdvance("sync", T0, T0 + 10).through == T0 + 10
+    for through in (T0, T0 - 10):
+        with pytest.raises(ValueError, match="goes back or stays"):
+            ScheduleAdvance("sync", T0, through)
+    with pytest.raises(ValueError, match="negative missed"):
+        ScheduleAdvance("sync", T0, T0 + 10, missed=-1)
