@@ -44,6 +44,12 @@ class ErrorKind(StrEnum):
     LEASE_EXPIRED = "lease_expired"  # nobody extended the lease in time (reaper)
 
 
+# What the store's columns hold (supervisor/store/schema.py), so config and the client refuse a
+# value up front instead of PostgreSQL at the first write (SQLite stores longer text as it is).
+NAME_MAX = 200  # characters of a tenant, a kind, a pool or a schedule name (varchar(200))
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # a job's priority (int4)
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """A job about to be enqueued. ``payload`` is already-validated JSON text."""

@@ -3,6 +3,8 @@ schedules and the schedule rows (``Store.schedule_states``) read at the store's 
 
 A schedule's ``status``:
 
+- ``error``: a running supervisor's passes do not enqueue it (the database refuses its write,
+  or the pass itself fails), from the supervisors' snapshots (``with_errors``);
 - ``ok``: its ticks are decided on time, and the last tick's job did not die;
 - ``failed``: the last tick's job is dead (the next tick still comes);
 - ``late``: a due tick has waited past its grace with no supervisor deciding it: none runs
@@ -15,19 +17,19 @@ A schedule's ``status``:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.model import JobState, ScheduleState, iso
 from supervisor.schedules import ScheduleSpec, lateness
 
-PROBLEMS = ("late", "failed")
+PROBLEMS = ("error", "late", "failed")
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSummary:
     name: str
-    status: str  # ok, failed, late, waiting, unconfigured
+    status: str  # ok, error, failed, late, waiting, unconfigured
     kind: str = ""
     timing: str = ""
     policies: str = ""
@@ -39,6 +41,7 @@ class ScheduleSummary:
     late_for: float = 0.0
     missed: int = 0  # ticks never enqueued (catch_up, overlap), fleet-wide
     created_at: float | None = None
+    error: str | None = None  # why a running supervisor does not enqueue it (its node named)
 
     @property
     def problem(self) -> bool:
@@ -48,6 +51,8 @@ class ScheduleSummary:
         """One short line, most important first: what is wrong, or when it last ran."""
         when = (iso(self.last_tick) or "")[:19]
         last = "no tick yet" if self.last_tick is None else f"last tick {when} job {self.last_job}"
+        if self.status == "error":
+            return f"not enqueued: {self.error}; {last}"
         if self.status == "late":
             return f"{self.late_for:.0f}s late, no supervisor runs it; {last}"
         if self.status == "failed":
@@ -71,6 +76,7 @@ class ScheduleSummary:
             "late_for": round(self.late_for, 3),
             "missed": self.missed,
             "created_at": iso(self.created_at),
+            "error": self.error,
         }
 
 
@@ -82,6 +88,23 @@ def summarize(
     out = [_summary(s, states.get(s.name), now, ahead) for s in specs]
     named = {s.name for s in specs}
     out += [_summary(None, st, now, 0) for name, st in sorted(states.items()) if name not in named]
+    return tuple(out)
+
+
+def with_errors(
+    found: Sequence[ScheduleSummary], errors: Mapping[str, Mapping[str, str]]
+) -> tuple[ScheduleSummary, ...]:
+    """``found`` with the errors running supervisors report (node id -> schedule -> why,
+    from their snapshots): such a schedule's status is ``error``, naming the node."""
+    out = []
+    for s in found:
+        nodes = sorted(node for node, mine in errors.items() if s.name in mine)
+        if nodes:
+            more = f" and {len(nodes) - 1} more node(s)" if len(nodes) > 1 else ""
+            s = replace(
+                s, status="error", error=f"{errors[nodes[0]][s.name]} (node {nodes[0]}{more})"
+            )
+        out.append(s)
     return tuple(out)
 
 

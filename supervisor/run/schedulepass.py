@@ -9,6 +9,11 @@ supervisor/run/storecalls.py, sent on the chores link by ``run/scheduler.py``).
 
 The store's clock decides what is due: the database's ``now()`` on PostgreSQL, so hosts whose
 clocks disagree still agree on ticks.
+
+A schedule the database refuses (a ``StoreError`` other than ``StoreUnavailable``: a value its
+columns cannot hold, a constraint) is that schedule's outcome, with the reason in ``error``;
+the pass goes on with the others. ``StoreUnavailable`` ends the pass (the loop backs off and
+tries again), and any other exception is a bug: it ends the pass too (run/scheduler.py).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor import schedules
+from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import ScheduleAdvance, ScheduleState
 from supervisor.schedules import ScheduleSpec, TickPlan
 
@@ -27,12 +33,14 @@ RETRIES = 3
 @dataclass(frozen=True, slots=True)
 class ScheduleOutcome:
     """What a pass did with one schedule: its plan (``took``: this supervisor wrote it) and
-    the jobs it enqueued, (tick, job id)."""
+    the jobs it enqueued, (tick, job id); ``error``: why the database refused its write
+    (nothing was written for it)."""
 
     name: str
     plan: TickPlan
     took: bool = False
     enqueued: tuple[tuple[float, int], ...] = ()
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +61,57 @@ class PassReport:
 def schedule_pass(store: Any, specs: Sequence[ScheduleSpec]) -> PassReport:
     names = [s.name for s in specs]
     read = store.schedule_states(names)
+    refused: dict[str, str] = {}
     missing = [n for n in names if n not in read.states]
     if missing:
-        store.register_schedules(missing)
+        refused = _register(store, missing)
         read = store.schedule_states(names)
-    outcomes = tuple(_decide(store, spec, read.states[spec.name], read.now) for spec in specs)
+    outcomes = tuple(
+        _refused(spec, refused[spec.name], read.now)
+        if spec.name in refused
+        else _isolated(store, spec, read.states[spec.name], read.now)
+        for spec in specs
+    )
     states = read.states
     if any(o.took for o in outcomes):
         states = store.schedule_states(names).states
     return PassReport(read.now, outcomes, states)
+
+
+def _register(store: Any, names: list[str]) -> dict[str, str]:
+    """Rows for ``names``; those the database refuses, with why (each other one is made)."""
+    try:
+        store.register_schedules(names)
+        return {}
+    except StoreUnavailable:
+        raise
+    except StoreError:  # refused: narrowed to its names below
+        pass
+    refused = {}
+    for name in names:
+        try:
+            store.register_schedules([name])
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            refused[name] = str(exc)
+    return refused
+
+
+def _isolated(store: Any, spec: ScheduleSpec, state: ScheduleState, now: float) -> ScheduleOutcome:
+    """``_decide``, with a write the database refuses kept to this schedule's outcome."""
+    try:
+        return _decide(store, spec, state, now)
+    except StoreUnavailable:
+        raise
+    except StoreError as exc:
+        return _refused(spec, str(exc), now)
+
+
+def _refused(spec: ScheduleSpec, why: str, now: float) -> ScheduleOutcome:
+    # its next tick still paces the loop: the write is tried again then (and logged only
+    # when the reason changes, run/scheduler.py)
+    return ScheduleOutcome(spec.name, TickPlan(next_tick=spec.timing.after(now)), error=why)
 
 
 def _decide(store: Any, spec: ScheduleSpec, state: ScheduleState, now: float) -> ScheduleOutcome:

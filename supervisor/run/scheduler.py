@@ -10,6 +10,15 @@ shares), and at least every ``MAX_WAIT`` (a config that changed on another node,
 stepped): a tick is enqueued well within a second of its time while any supervisor runs. A
 draining supervisor stops passing; the others carry on.
 
+Errors. The store being away (``StoreUnavailable``): the store backoff every chore shares. A
+schedule the database refuses: that schedule's error (logged when it changes, shown in the
+snapshot and ``fleetd status``); the others go on (run/schedulepass.py). Any other failed
+pass is a bug, or a refusal outside any one schedule: passes back off, 1 s doubling to
+``BACKOFF_MAX``, logged on the first failure, on a new reason and every ``LOG_EVERY``, and
+each schedule shows it. Not the loop's error policy, which stops the supervisor: every
+supervisor with the schedule would meet the same bug at the same tick, and stopping all their
+jobs for a chore is worse than late ticks, which a working pass catches up per ``catch_up``.
+
 Owned by the supervisor's main thread.
 """
 
@@ -33,6 +42,8 @@ log = logging.getLogger("fleetd.schedules")
 MAX_WAIT = 5.0  # seconds between passes at most
 EARLY = 0.005  # a pass sent this much after the tick: the store's clock has passed it
 RETRY_AFTER_ERROR = 1.0
+BACKOFF_MAX = 300.0  # a pass that keeps failing (not the store being away): this far apart
+LOG_EVERY = 600.0  # the same failure is logged again after this long
 OUTCOMES = ("on_time", "late", "missed", "skipped")
 
 
@@ -50,6 +61,10 @@ class Scheduler:
         self.report_at = 0.0  # monotonic: when the report's ``now`` was read
         # ticks this node decided, per (schedule, outcome): the metrics' counter
         self.ticks: Counter[tuple[str, str]] = Counter()
+        self.errors: dict[str, str] = {}  # schedule -> why the database refused its write
+        self.pass_error: str | None = None  # why the last pass failed (not the store away)
+        self.pass_failures = 0  # passes failed in a row, the store being away aside
+        self.pass_logged_at = 0.0  # monotonic: when the failure was last logged
 
     def tick(self, now: float, *, draining: bool) -> None:
         """Send a pass when one is due (never during a drain or a store backoff)."""
@@ -69,13 +84,16 @@ class Scheduler:
     def _passed(self, reply: Reply) -> None:
         self.passing = False
         now = self.clock.monotonic()
-        if reply.error is not None:
+        if isinstance(reply.error, StoreUnavailable):
             self.next_pass = now + RETRY_AFTER_ERROR
-            if isinstance(reply.error, StoreUnavailable):
-                self.health.failed(now, "schedules", reply.error)
-            else:
-                log.error("schedules: pass failed: %s", reply.error)
+            self.health.failed(now, "schedules", reply.error)
             return
+        if reply.error is not None:
+            self._pass_failed(now, reply.error)
+            return
+        if self.pass_failures:
+            log.warning("schedules: a pass works again after %d failed", self.pass_failures)
+            self.pass_failures, self.pass_error = 0, None
         report: PassReport = reply.value
         self.report, self.report_at = report, reply.started
         wait = MAX_WAIT
@@ -84,8 +102,42 @@ class Scheduler:
             wait = min(MAX_WAIT, report.next_tick - report.now + EARLY)
         self.next_pass = reply.started + wait
         for outcome in report.outcomes:
+            self._note_error(outcome)
             if outcome.took:
                 self._account(outcome)
+
+    def _pass_failed(self, now: float, error: Exception) -> None:
+        """Back off, and log on the first failure, a new reason, or every ``LOG_EVERY``
+        (module docstring: why not the loop's error policy)."""
+        self.pass_failures += 1
+        backoff = min(BACKOFF_MAX, RETRY_AFTER_ERROR * 2 ** min(self.pass_failures - 1, 20))
+        self.next_pass = now + backoff
+        text = str(error)
+        if text != self.pass_error or now - self.pass_logged_at >= LOG_EVERY:
+            self.pass_logged_at = now
+            log.error(
+                "schedules: no schedule is enqueued: the pass failed (%d in a row; next in "
+                "%.0fs): %s",
+                self.pass_failures,
+                backoff,
+                text,
+            )
+        self.pass_error = text
+
+    def _note_error(self, o: ScheduleOutcome) -> None:
+        """Keep and log a schedule's refusal when it changes; it ends when a write takes."""
+        before = self.errors.get(o.name)
+        if o.error is not None and o.error != before:
+            self.errors[o.name] = o.error
+            log.error(
+                "schedule %s: not enqueued: the database refused it (the other schedules go "
+                "on; tried again at each tick, logged when this changes): %s",
+                o.name,
+                o.error,
+            )
+        elif o.error is None and before is not None and o.took:
+            del self.errors[o.name]
+            log.warning("schedule %s: enqueued again (it was refused: %s)", o.name, before)
 
     def _account(self, o: ScheduleOutcome) -> None:
         p = o.plan
@@ -138,5 +190,11 @@ class Scheduler:
                 late_for=lateness(spec, state, store_now) if store_now is not None else 0.0,
                 missed=state.missed if state else 0,
                 ticks={k: self.ticks[(spec.name, k)] for k in OUTCOMES},
+                error=self._error(spec.name),
             )
         return out
+
+    def _error(self, name: str) -> str | None:
+        if self.pass_error is not None:
+            return f"the schedule pass fails: {self.pass_error}"
+        return self.errors.get(name)

@@ -4,6 +4,7 @@ per tick, and the last success survives a later tick's job running."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import queue
 import time
@@ -19,7 +20,7 @@ from supervisor.run.counters import Counters
 from supervisor.run.outbox import StoreHealth
 from supervisor.run.schedulepass import schedule_pass
 from supervisor.run.scheduler import MAX_WAIT, Scheduler
-from supervisor.run.storelink import InlineLink
+from supervisor.run.storelink import InlineLink, execute
 from supervisor.schedules import ScheduleSpec, Timing, tick_job, tick_key
 from supervisor.store import open_store
 from supervisor.store.schema import TICKS_KEPT
@@ -157,6 +158,47 @@ def test_a_scheduler_in_the_repeated_hour_does_not_spin(store, clock):
     row = store.schedule_states(["nightly"]).states["nightly"]
     assert row.through == row.created_at and scheduler.report is not None
     assert scheduler.report.next_tick == datetime(2027, 11, 8, 6, 50, tzinfo=UTC).timestamp()
+
+
+def test_a_schedule_the_database_refuses_stops_only_itself(store, clock, caplog):
+    """A priority past 64 bits (sqlite3: OverflowError; PostgreSQL: out of range) refused at
+    each tick: the other schedule is enqueued at every tick, the refused one is that
+    schedule's error (in the reply, the snapshot's view), logged once, not at each pass."""
+    good = replace(SPEC, name="good")
+    bad = replace(SPEC, name="bad", priority=2**63)
+    link = InlineLink(store, clock.monotonic)
+    scheduler = Scheduler(link, [bad, good], clock, StoreHealth(Counters()))
+    caplog.set_level(logging.WARNING, "fleetd.schedules")
+    for _ in range(6):  # first sight, then five ticks
+        reply = execute(store, "schedule_pass", ([bad, good],), {}, clock.monotonic)
+        assert reply.error is None
+        scheduler._passed(reply)
+        clock.advance(10)
+    outcomes = {o.name: o for o in reply.value.outcomes}
+    assert "refused a value" in outcomes["bad"].error or "out of range" in outcomes["bad"].error
+    assert outcomes["good"].error is None and outcomes["good"].took
+    keys = [j.key for j in store.list_jobs()]
+    assert len(keys) == 5 and all(k.startswith("schedule:good:") for k in keys)
+    views = scheduler.views(clock.monotonic())
+    assert views["bad"].error == outcomes["bad"].error and views["good"].error is None
+    refused = [r for r in caplog.records if "schedule bad: not enqueued" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelno == logging.ERROR
+
+
+@pytest.mark.parametrize("what", ["name", "tenant"])
+def test_a_refused_first_sight_stops_only_that_schedule(store, clock, engine, what):
+    """A name or tenant longer than the column (PostgreSQL refuses; config refuses first)."""
+    long = "x" * 201
+    bad = replace(SPEC, name=long) if what == "name" else replace(SPEC, name="bad", tenant=long)
+    good = replace(SPEC, name="good")
+    schedule_pass(store, [bad, good])
+    clock.advance(10)
+    outcomes = {o.name: o for o in schedule_pass(store, [bad, good]).outcomes}
+    assert outcomes["good"].took and len(outcomes["good"].enqueued) == 1
+    refused = outcomes[bad.name].error
+    assert (refused is not None) == (engine == "postgres"), refused
+    if refused is not None:
+        assert "character varying(200)" in refused
 
 
 # ---- racing processes ------------------------------------------------------------------------

@@ -102,3 +102,31 @@ def test_snapshot_and_metrics() -> None:
     assert samples[(ticks, (("outcome", "missed"), ("schedule", "nightly")))] == 2
     assert samples[(ticks, (("outcome", "skipped"), ("schedule", "nightly")))] == 0
     assert samples[("fleetd_schedule_late_seconds", (("schedule", "nightly"),))] == 0
+
+
+def test_a_schedule_a_running_supervisor_cannot_enqueue_is_an_error_in_status() -> None:
+    """The node's snapshot carries why its passes do not enqueue a schedule (the database
+    refused its write); ``fleetd status`` shows it, naming the node, above late or failed."""
+    refused = "database refused the write: integer out of range"
+    views = {"nightly": ScheduleView(name="nightly", error=refused), "fine": ScheduleView("fine")}
+    snap = FleetSnapshot("node-a", "host", 1, "demo", taken_at=T0, schedules=views)
+    node = {"node_id": "node-a", "hostname": "host", "pid": 1, "fleet": "demo", "age": 0.5}
+    specs = [spec("nightly"), spec("fine")]
+    states = {"nightly": row("nightly", T0 - 60, JobState.DEAD), "fine": row("fine", T0)}
+    view = build_view(
+        fleet="demo",
+        database="sqlite:///x.db",
+        configured={},
+        stats={},
+        rows=[{**node, "snapshot": snap.to_json()}],
+        now=T0 + 5,
+        schedules=summarize(specs, states, T0 + 5),
+    )
+    found = {s.name: s for s in view.schedules}
+    assert found["nightly"].status == "error" and found["fine"].status == "ok"
+    assert found["nightly"].error == f"{refused} (node node-a)"
+    console = Console(record=True, width=200)
+    console.print(status_view.render(view, 200, 24))
+    assert f"! schedule nightly: not enqueued: {refused} (node node-a)" in console.export_text()
+    jsonschema.validate(view.to_dict(), SCHEMA)
+    assert FleetSnapshot.from_json(snap.to_json()).schedules == views
