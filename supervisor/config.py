@@ -110,6 +110,16 @@ def _count(minimum: int) -> Callable[[Any], int]:
     return check
 
 
+def _at_most(check: Callable[[Any], int], maximum: int) -> Callable[[Any], int]:
+    def bounded(value: Any) -> int:
+        value = check(value)
+        if value > maximum:
+            raise ValueError(f"{value!r} is too large (expected an integer <= {maximum})")
+        return value
+
+    return bounded
+
+
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """TOML has no null: ``false`` switches an optional limit off."""
     return lambda value: None if value is None or value is False else check(value)
@@ -430,7 +440,9 @@ class ScheduleConfig(BaseModel):
         "once",
         'after downtime: "skip" (none), "once" (the latest missed tick), "all" (each, capped)',
     )
-    catch_up_max: Positive = _key(10, 'at most this many missed ticks with catch_up = "all"')
+    catch_up_max: Annotated[int, BeforeValidator(_at_most(_count(1), schedules.CATCH_UP_MAX))] = (
+        _key(10, 'at most this many missed ticks with catch_up = "all" (1 to 1000)')
+    )
     overlap: Annotated[str, BeforeValidator(_choice(*schedules.OVERLAP))] = _key(
         "skip", '"skip": no new tick while the last one is queued or running; "allow": enqueue'
     )

@@ -45,6 +45,10 @@ from supervisor.model import NewJob, ScheduleState, iso
 
 MISFIRE = 60.0  # a tick seen later than this (or than one period) was missed, not late
 SCAN_CAP = 10_000  # due ticks counted one by one in one pass; past it, "at least"
+# catch_up = "all" enqueues at most this many missed ticks in one pass (one transaction): a
+# few seconds of inserts at most, far below the store call's limit, and below SCAN_CAP, so the
+# ticks counted always include the ones enqueued
+CATCH_UP_MAX = 1000
 CATCH_UP = ("skip", "once", "all")
 OVERLAP = ("skip", "allow")
 _CHECK_FROM = datetime(2000, 1, 1, tzinfo=UTC)  # a cron is checked from here: does it match?
@@ -184,6 +188,10 @@ class ScheduleSpec:
     catch_up_max: int = 10
     overlap: str = "skip"
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.catch_up_max <= CATCH_UP_MAX:
+            raise ValueError(f"catch_up_max {self.catch_up_max} (expected 1 to {CATCH_UP_MAX})")
+
     def policies(self) -> str:
         """``catch_up once, overlap skip`` (``all`` shows its cap)."""
         cap = f" (max {self.catch_up_max})" if self.catch_up == "all" else ""
@@ -231,7 +239,7 @@ class TickPlan:
 def plan(spec: ScheduleSpec, state: ScheduleState, now: float) -> TickPlan:
     """Which of the ticks due since ``state.through`` to enqueue at ``now`` (module doc)."""
     timing = spec.timing
-    keep = max(spec.catch_up_max, 1) + 1
+    keep = spec.catch_up_max + 1
     count, latest = timing.due(state.through, now, keep)
     next_tick = timing.after(now)
     if count == 0:
@@ -244,7 +252,7 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: float) -> TickPlan:
     late_count = count - 1 if on_time else count
     caught_up = {"skip": (), "once": late[-1:], "all": late[-spec.catch_up_max :]}[spec.catch_up]
     chosen = (*caught_up, *((current,) if on_time else ()))
-    missed = late_count - len(caught_up)
+    missed = max(0, late_count - len(caught_up))  # (a count capped at SCAN_CAP is "at least")
     skipped = 0
     if spec.overlap == "skip" and chosen and (state.busy() or len(chosen) > 1):
         keep_one = () if state.busy() else chosen[-1:]

@@ -627,6 +627,8 @@ SCHEDULE_ERRORS = [
     ('every = "1h"\ntimezone = "Europe/Paris"\n', "schedules.nightly.timezone", ["with every"]),
     ('every = "1h"\ncatch_up = "twice"\n', "schedules.nightly.catch_up", ["'twice'"]),
     ('every = "1h"\ncatch_up_max = 0\n', "schedules.nightly.catch_up_max", ["too small"]),
+    ('every = "1h"\ncatch_up_max = 1001\n', "schedules.nightly.catch_up_max", ["<= 1000"]),
+    ('every = "1h"\ncatch_up_max = 100000000\n', "schedules.nightly.catch_up_max", ["too large"]),
     ('every = "1h"\noverlap = "queue"\n', "schedules.nightly.overlap", ["'queue'"]),
     ('every = "1h"\npayload = [1]\n', "schedules.nightly.payload", ["not a table"]),
     (
@@ -663,8 +665,9 @@ def test_schedule_of_an_unknown_kind(tmp_path: Path) -> None:
 
 def test_schedule_values_at_the_database_s_limits(tmp_path: Path) -> None:
     at_limits = f'every = "1h"\npriority = 2147483647\ntenant = "{"t" * 200}"\n'
-    (spec,) = load(tmp_path, schedule(at_limits)).schedule_specs()
+    (spec,) = load(tmp_path, schedule(at_limits + "catch_up_max = 1000\n")).schedule_specs()
     assert spec.priority == 2**31 - 1 and spec.tenant == "t" * 200
+    assert spec.catch_up_max == 1000
     assert load(tmp_path, schedule('every = "1h"\npriority = -2147483648\n')).schedules
     name = "n" * 200
     named = REINDEX + f'[schedules.{name}]\nkind = "reindex"\nevery = "1h"\n'

@@ -13,6 +13,7 @@ from cronsim import CronSim
 from supervisor.clock import FakeClock
 from supervisor.model import JobState, ScheduleAdvance, ScheduleState, TickJob
 from supervisor.schedules import (
+    CATCH_UP_MAX,
     MISFIRE,
     SCAN_CAP,
     ScheduleSpec,
@@ -311,3 +312,32 @@ def test_an_advance_only_moves_through_forward() -> None:
             ScheduleAdvance("sync", T0, through)
     with pytest.raises(ValueError, match="negative missed"):
         ScheduleAdvance("sync", T0, T0 + 10, missed=-1)
+
+
+@pytest.mark.parametrize(
+    "timing", [Timing.of("* * * * * *", None), Timing.of("* * * * *", None, "Europe/Paris")]
+)
+def test_the_largest_catch_up_after_a_gap_past_the_scan_counts_no_negative_miss(
+    timing: Timing,
+) -> None:
+    """catch_up_max at its bound (1000, below SCAN_CAP): a year down enqueues the latest 1000
+    and the current tick, and counts at least the rest of the scan as missed, never < 0."""
+    s = spec(timing, catch_up="all", catch_up_max=CATCH_UP_MAX, overlap="allow")
+    year = 365 * 86400
+    p = plan(s, state(T0 - year), T0 + 0.5)
+    assert CATCH_UP_MAX < SCAN_CAP
+    assert len(p.enqueue) == CATCH_UP_MAX + 1 and p.enqueue[-1] == T0
+    assert p.missed == SCAN_CAP - CATCH_UP_MAX - 1 and p.late == CATCH_UP_MAX
+
+
+def test_every_catches_up_at_most_catch_up_max_ticks_in_one_pass() -> None:
+    s = spec(Timing.of(None, 1), catch_up="all", catch_up_max=CATCH_UP_MAX, overlap="allow")
+    p = plan(s, state(T0 - 30 * 86400), T0 + 0.5)
+    assert len(p.enqueue) == CATCH_UP_MAX + 1
+    assert p.missed == 30 * 86400 - CATCH_UP_MAX - 1  # the current tick is on time
+
+
+@pytest.mark.parametrize("bad", [0, -1, CATCH_UP_MAX + 1, 10**6])
+def test_a_spec_refuses_a_catch_up_max_outside_its_bounds(bad: int) -> None:
+    with pytest.raises(ValueError, match="catch_up_max"):
+        spec(catch_up_max=bad)
