@@ -11,13 +11,16 @@ supervisors always name a tick alike, and its idempotency key ``schedule:<name>:
 it one job however many enqueue it.
 
 Which due ticks a pass enqueues (``plan``), given ``through`` (every tick up to it is
-decided) and ``now``:
+decided), ``now``, and ``since`` (the store's now at this supervisor's previous pass):
 
-- the **current tick**, the latest one due, when it is on time: at most ``grace`` late,
-  min(one period, ``MISFIRE``); a supervisor that runs sees each tick within a second;
-- the **missed ticks** (every other due tick, and the latest one when it is late: no
-  supervisor ran at its time): by ``catch_up``, none (``skip``), the latest (``once``) or the
-  latest ``catch_up_max`` (``all``); the others are counted as missed;
+- the **on-time ticks**: every tick due after ``since``, when that pass was at most
+  ``MISFIRE`` ago (this supervisor was passing when they came: its pass is late, held up
+  behind a slow chore or a short store backoff, but nobody missed them), and the current
+  tick, the latest one due, when it is at most ``grace`` late, min(one period,
+  ``MISFIRE``); a supervisor that runs sees each tick within a second;
+- the **missed ticks** (every other due tick: no pass decided it near its time, because no
+  supervisor ran or the store was away for long): by ``catch_up``, none (``skip``), the latest
+  (``once``) or the latest ``catch_up_max`` (``all``); the others are counted as missed;
 - ``overlap = "skip"``: nothing while the last tick's job is queued (or waiting for a retry)
   or leased, and at most one tick a pass, the newest chosen: two ticks of the schedule never
   wait or run at once. The others are counted as skipped.
@@ -44,6 +47,11 @@ from cronsim import CronSim, CronSimError
 from supervisor.model import NewJob, ScheduleState, iso
 
 MISFIRE = 60.0  # a tick seen later than this (or than one period) was missed, not late
+ON_TIME_MAX = int(MISFIRE) + 1  # on-time ticks in one pass at most (ticks are >= 1 s apart)
+# ``fleetd status`` calls a due tick late only past its grace and this: how late a running
+# supervisor's pass may be (the scheduler's MAX_WAIT of 5 s, the store backoff of up to 5 s,
+# and a margin), so a short period is not "late" whenever a pass is
+LATE_AFTER = 15.0
 SCAN_CAP = 10_000  # due ticks counted one by one in one pass; past it, "at least"
 # catch_up = "all" enqueues at most this many missed ticks in one pass (one transaction): a
 # few seconds of inserts at most, far below the store call's limit, and below SCAN_CAP, so the
@@ -236,33 +244,41 @@ class TickPlan:
         return self.missed + self.skipped
 
 
-def plan(spec: ScheduleSpec, state: ScheduleState, now: float) -> TickPlan:
-    """Which of the ticks due since ``state.through`` to enqueue at ``now`` (module doc)."""
+def plan(
+    spec: ScheduleSpec, state: ScheduleState, now: float, since: float | None = None
+) -> TickPlan:
+    """Which of the ticks due since ``state.through`` to enqueue at ``now`` (module doc);
+    ``since``: the store's now at this supervisor's previous pass (None: its first)."""
     timing = spec.timing
-    keep = spec.catch_up_max + 1
-    count, latest = timing.due(state.through, now, keep)
+    if since is not None and not 0 <= now - since <= MISFIRE:
+        since = None  # passes stopped for longer (the store away): downtime, per catch_up
+    count, latest = timing.due(state.through, now, spec.catch_up_max + ON_TIME_MAX)
     next_tick = timing.after(now)
     if count == 0:
         return TickPlan(next_tick=next_tick)
     current = latest[-1]
     if current <= state.through:  # due() only returns later ticks: the row never goes back
         return TickPlan(next_tick=next_tick)
-    on_time = now - current <= timing.grace(current)
-    late = latest[:-1] if on_time else latest
-    late_count = count - 1 if on_time else count
+    on_time = tuple(
+        t
+        for t in latest
+        if (since is not None and t > since) or (t == current and now - t <= timing.grace(t))
+    )
+    late = latest[: len(latest) - len(on_time)]  # the on-time ones are the newest
     caught_up = {"skip": (), "once": late[-1:], "all": late[-spec.catch_up_max :]}[spec.catch_up]
-    chosen = (*caught_up, *((current,) if on_time else ()))
-    missed = max(0, late_count - len(caught_up))  # (a count capped at SCAN_CAP is "at least")
+    chosen = (*caught_up, *on_time)
+    missed = max(0, count - len(on_time) - len(caught_up))  # a capped count: "at least"
     skipped = 0
     if spec.overlap == "skip" and chosen and (state.busy() or len(chosen) > 1):
         keep_one = () if state.busy() else chosen[-1:]
         skipped = len(chosen) - len(keep_one)
         chosen = keep_one
+    on_time_chosen = len([t for t in chosen if t in on_time])
     return TickPlan(
         enqueue=chosen,
         through=current,
-        on_time=int(on_time and current in chosen),
-        late=len([t for t in chosen if t != current or not on_time]),
+        on_time=on_time_chosen,
+        late=len(chosen) - on_time_chosen,
         missed=missed,
         skipped=skipped,
         next_tick=next_tick,
@@ -270,14 +286,15 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: float) -> TickPlan:
 
 
 def lateness(spec: ScheduleSpec, state: ScheduleState | None, now: float) -> float:
-    """Seconds the oldest undecided due tick is past its grace (0: none is): a tick that no
-    supervisor decided in time, because none runs with this schedule."""
+    """Seconds the oldest undecided due tick is past its grace and ``LATE_AFTER`` (0: none
+    is): no pass decided it in time, because no running supervisor has this schedule, or
+    their passes fail or are held up."""
     if state is None:
         return 0.0
     first = spec.timing.after(state.through)
     if first is None or first > now:
         return 0.0
-    return max(0.0, now - first - spec.timing.grace(first))
+    return max(0.0, now - first - max(spec.timing.grace(first), LATE_AFTER))
 
 
 def describe(spec: ScheduleSpec) -> dict[str, Any]:

@@ -7,8 +7,9 @@ A schedule's ``status``:
   or the pass itself fails), from the supervisors' snapshots (``with_errors``);
 - ``ok``: its ticks are decided on time, and the last tick's job did not die;
 - ``failed``: the last tick's job is dead (the next tick still comes);
-- ``late``: a due tick has waited past its grace with no supervisor deciding it: none runs
-  with this schedule in its config (all stopped, or a rolling deploy that removed it);
+- ``late``: a due tick has waited past its grace (and ``schedules.LATE_AFTER``) with no
+  pass deciding it: no running supervisor has this schedule in its config (all stopped, or a
+  rolling deploy that removed it), or their passes fail or are held up;
 - ``waiting``: configured here, but no supervisor has run it yet (no row);
 - ``unconfigured``: a row in the database that this config does not name (removed, or
   another host's config): nothing here enqueues it.
@@ -54,7 +55,10 @@ class ScheduleSummary:
         if self.status == "error":
             return f"not enqueued: {self.error}; {last}"
         if self.status == "late":
-            return f"{self.late_for:.0f}s late, no supervisor runs it; {last}"
+            return (
+                f"{self.late_for:.0f}s late: no pass decided its due tick (no running "
+                f"supervisor has it, or their passes fail or are held up); {last}"
+            )
         if self.status == "failed":
             return f"its last job died: {last} dead"
         if self.status == "unconfigured":

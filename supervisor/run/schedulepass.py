@@ -58,7 +58,10 @@ class PassReport:
         return min(ticks, default=None)
 
 
-def schedule_pass(store: Any, specs: Sequence[ScheduleSpec]) -> PassReport:
+def schedule_pass(
+    store: Any, specs: Sequence[ScheduleSpec], since: float | None = None
+) -> PassReport:
+    """One pass; ``since``: the store's now at this supervisor's previous pass (``plan``)."""
     names = [s.name for s in specs]
     read = store.schedule_states(names)
     refused: dict[str, str] = {}
@@ -69,7 +72,7 @@ def schedule_pass(store: Any, specs: Sequence[ScheduleSpec]) -> PassReport:
     outcomes = tuple(
         _refused(spec, refused[spec.name], read.now)
         if spec.name in refused
-        else _isolated(store, spec, read.states[spec.name], read.now)
+        else _isolated(store, spec, read.states[spec.name], read.now, since)
         for spec in specs
     )
     states = read.states
@@ -98,10 +101,12 @@ def _register(store: Any, names: list[str]) -> dict[str, str]:
     return refused
 
 
-def _isolated(store: Any, spec: ScheduleSpec, state: ScheduleState, now: float) -> ScheduleOutcome:
+def _isolated(
+    store: Any, spec: ScheduleSpec, state: ScheduleState, now: float, since: float | None
+) -> ScheduleOutcome:
     """``_decide``, with a write the database refuses kept to this schedule's outcome."""
     try:
-        return _decide(store, spec, state, now)
+        return _decide(store, spec, state, now, since)
     except StoreUnavailable:
         raise
     except StoreError as exc:
@@ -114,11 +119,13 @@ def _refused(spec: ScheduleSpec, why: str, now: float) -> ScheduleOutcome:
     return ScheduleOutcome(spec.name, TickPlan(next_tick=spec.timing.after(now)), error=why)
 
 
-def _decide(store: Any, spec: ScheduleSpec, state: ScheduleState, now: float) -> ScheduleOutcome:
+def _decide(
+    store: Any, spec: ScheduleSpec, state: ScheduleState, now: float, since: float | None
+) -> ScheduleOutcome:
     plan = TickPlan()
     for _ in range(RETRIES):
         _note_success(store, state)
-        plan = schedules.plan(spec, state, now)
+        plan = schedules.plan(spec, state, now, since)
         if plan.through is None:
             return ScheduleOutcome(spec.name, plan)
         jobs = tuple((tick, schedules.tick_job(spec, tick)) for tick in plan.enqueue)

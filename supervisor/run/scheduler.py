@@ -8,7 +8,10 @@ Timing: the pass reports the store's ``now`` and the next tick, and the next pas
 many seconds after the reply's ``started`` (the monotonic clock every process of the host
 shares), and at least every ``MAX_WAIT`` (a config that changed on another node, the clock
 stepped): a tick is enqueued well within a second of its time while any supervisor runs. A
-draining supervisor stops passing; the others carry on.
+draining supervisor stops passing; the others carry on. Each pass carries the store's now
+at the previous one (``since``): a tick that came after it was due while this supervisor
+was passing, so a pass held up (a slow chore ahead of it on the link, a short store
+backoff) still enqueues it as on time, not as missed per ``catch_up`` (schedules.plan).
 
 Errors. The store being away (``StoreUnavailable``): the store backoff every chore shares. A
 schedule the database refuses: that schedule's error (logged when it changes, shown in the
@@ -73,7 +76,8 @@ class Scheduler:
         if now < self.next_pass or now < self.health.retry_at:
             return
         self.passing = True
-        self.chores.submit("schedule_pass", self.specs, on_reply=self._passed)
+        since = self.report.now if self.report is not None else None  # the previous pass
+        self.chores.submit("schedule_pass", self.specs, since, on_reply=self._passed)
 
     def due_at(self) -> float | None:
         """When the loop must wake for the next pass (None: none is waited for)."""
@@ -152,8 +156,9 @@ class Scheduler:
         level = logging.WARNING if p.late or p.missed else logging.INFO  # downtime vs overlap
         log.log(
             level,
-            "schedule %s: %d tick(s) late (no supervisor ran it at their time), %d caught up, "
-            "%d not enqueued by catch_up %s, %d skipped by overlap %s; enqueued: %s",
+            "schedule %s: %d tick(s) missed their time (no pass decided them then: no "
+            "supervisor ran, or the store was away), %d caught up, %d not enqueued by "
+            "catch_up %s, %d skipped by overlap %s; enqueued: %s",
             o.name,
             p.late + p.missed,
             p.late,

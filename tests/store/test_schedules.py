@@ -201,6 +201,30 @@ def test_a_refused_first_sight_stops_only_that_schedule(store, clock, engine, wh
         assert "character varying(200)" in refused
 
 
+def test_a_held_up_pass_enqueues_the_ticks_that_came_meanwhile(store, clock):
+    """every = "1s", catch_up = "skip", through the loop's scheduler: a pass held up 20 s (a
+    VACUUM ahead of it on the link) enqueues the 20 ticks as on time, none missed; 90 s
+    without a pass (the store away for long) is downtime, per catch_up."""
+    beat = replace(SPEC, name="beat", timing=Timing.of(None, 1), catch_up="skip")
+    scheduler = Scheduler(
+        InlineLink(store, clock.monotonic), [beat], clock, StoreHealth(Counters())
+    )
+
+    def pass_after(seconds: float) -> Any:
+        clock.advance(seconds)
+        scheduler.tick(clock.monotonic(), draining=False)
+        assert scheduler.report is not None
+        return scheduler.report.outcomes[0].plan
+
+    pass_after(0)  # first sight: starts now
+    assert pass_after(scheduler.due_at() - clock.monotonic()).on_time == 1
+    held_up = pass_after(20)
+    assert (held_up.on_time, held_up.late, held_up.missed) == (20, 0, 0)
+    assert len(store.list_jobs()) == 21 and scheduler.ticks[("beat", "missed")] == 0
+    away = pass_after(90)
+    assert (away.on_time, away.late, away.missed) == (1, 0, 89)
+
+
 # ---- racing processes ------------------------------------------------------------------------
 
 PROCESSES = 4

@@ -50,10 +50,10 @@ def test_statuses() -> None:
         "gone": "unconfigured",
     }
     assert found["ok"].next_ticks == (T0 + 10, T0 + 20, T0 + 30)
-    assert found["late"].late_for == 45  # tick T0 - 50, grace 10 s, now T0 + 5
+    assert found["late"].late_for == 40  # tick T0 - 50, grace 10 s, 15 s LATE_AFTER, now T0 + 5
     assert found["ok"].last_success_at == T0 - 3 and found["gone"].missed == 4
     assert [s.name for s in found.values() if s.problem] == ["failed", "late"]
-    assert "no supervisor runs it" in found["late"].detail()
+    assert found["late"].detail().startswith("40s late: no pass decided its due tick")
     assert found["failed"].detail().startswith("its last job died")
 
 

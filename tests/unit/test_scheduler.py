@@ -13,10 +13,11 @@ from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run.counters import Counters
 from supervisor.run.outbox import StoreHealth
 from supervisor.run.schedulepass import PassReport
-from supervisor.run.scheduler import BACKOFF_MAX, LOG_EVERY, Scheduler
+from supervisor.run.scheduler import BACKOFF_MAX, LOG_EVERY, MAX_WAIT, Scheduler
 from supervisor.run.storelink import Reply
-from supervisor.schedules import ScheduleSpec, Timing
+from supervisor.schedules import LATE_AFTER, ScheduleSpec, Timing
 
+STORE_BACKOFF_MAX = 5.0  # run/outbox.py StoreHealth: 100 ms doubling to 5 s
 SPEC = ScheduleSpec("sync", Timing.of(None, 10), "echo", "bulk", 3)
 
 
@@ -80,3 +81,24 @@ def test_the_store_being_away_is_the_shared_store_backoff() -> None:
     scheduler.tick(clock.monotonic(), draining=False)
     assert health.failures == 1 and scheduler.pass_error is None
     assert scheduler.due_at() == pytest.approx(max(health.retry_at, clock.monotonic() + 1.0))
+
+
+def test_a_pass_late_by_the_scheduler_s_own_waits_is_not_a_late_schedule() -> None:
+    """``fleetd status`` calls a tick late only past LATE_AFTER: more than the longest a
+    running scheduler waits between passes plus the longest store backoff."""
+    assert MAX_WAIT + STORE_BACKOFF_MAX < LATE_AFTER
+
+
+def test_each_pass_carries_the_previous_pass_s_now() -> None:
+    clock = FakeClock()
+    chores = Chores(clock)
+    chores.error = None
+    sent: list[Any] = []
+    submit = chores.submit
+    chores.submit = lambda call, *args, on_reply: (
+        sent.append(args[1]),
+        submit(call, *args, on_reply=on_reply),
+    )  # type: ignore[method-assign]
+    scheduler = Scheduler(chores, [SPEC], clock, StoreHealth(Counters()))
+    run_loop(scheduler, clock, 12)
+    assert sent[0] is None and sent[1:] == [1_800_000_000.0 + k * 5.0 for k in range(len(sent) - 1)]

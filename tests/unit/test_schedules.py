@@ -14,6 +14,7 @@ from supervisor.clock import FakeClock
 from supervisor.model import JobState, ScheduleAdvance, ScheduleState, TickJob
 from supervisor.schedules import (
     CATCH_UP_MAX,
+    LATE_AFTER,
     MISFIRE,
     SCAN_CAP,
     ScheduleSpec,
@@ -302,7 +303,68 @@ def test_lateness_says_how_long_a_due_tick_waited_undecided() -> None:
     assert lateness(s, None, T0 + 100) == 0.0
     assert lateness(s, state(T0), T0 + 9) == 0.0
     assert lateness(s, state(T0), T0 + 15) == 0.0  # within one period of tick T0 + 10
-    assert lateness(s, state(T0), T0 + 45) == 25.0
+    assert lateness(s, state(T0), T0 + 10 + LATE_AFTER) == 0.0  # a pass may be this late
+    assert lateness(s, state(T0), T0 + 45) == 45 - 10 - LATE_AFTER
+    hourly = spec(Timing.of("0 * * * *", None))  # its grace is MISFIRE, above the floor
+    assert lateness(hourly, state(T0 - 1), T0 + MISFIRE + 5) == 5.0
+
+
+def test_a_short_period_is_not_late_while_a_pass_is_held_up() -> None:
+    """every = "1s": a pass 10 s late (a chore ahead of it, a store backoff) is not a late
+    schedule in ``fleetd status``; 20 s is."""
+    s = spec(Timing.of(None, 1))
+    assert LATE_AFTER > 10
+    assert lateness(s, state(T0), T0 + 10.5) == 0.0
+    assert lateness(s, state(T0), T0 + 1 + LATE_AFTER + 4) == 4.0
+
+
+# (catch_up, overlap, seconds since through, the previous pass's now as an offset from
+#   through) -> (enqueued, as offsets from through, on_time, late, missed, skipped)
+# every 10 s, through T0, now T0 + gap + 0.3
+HELD_UP = [
+    # the previous pass 60 s ago saw through: every tick since came while it was passing
+    ("skip", "allow", 60, 0.3, ((10, 20, 30, 40, 50, 60), 6, 0, 0, 0)),
+    ("once", "allow", 60, 0.3, ((10, 20, 30, 40, 50, 60), 6, 0, 0, 0)),
+    # it passed at +25 (ticks 10 and 20 were somebody else's and not decided: missed)
+    ("skip", "allow", 60, 25, ((30, 40, 50, 60), 4, 0, 2, 0)),
+    ("once", "allow", 60, 25, ((20, 30, 40, 50, 60), 4, 1, 1, 0)),
+    # overlap skip: still one a pass, the newest; the others are skipped, not missed
+    ("skip", "skip", 60, 0.3, ((60,), 1, 0, 0, 5)),
+    # the previous pass more than MISFIRE ago (the store away for long): downtime
+    ("skip", "allow", 70, 0.3, ((70,), 1, 0, 6, 0)),
+    ("all", "allow", 70, 0.3, ((40, 50, 60, 70), 1, 3, 3, 0)),
+]
+
+
+@pytest.mark.parametrize(("catch_up", "overlap", "gap", "since", "expected"), HELD_UP)
+def test_ticks_due_since_this_supervisor_s_previous_pass_are_on_time(
+    catch_up: str, overlap: str, gap: float, since: float, expected: tuple
+) -> None:
+    """A running supervisor whose pass is held up did not miss the ticks that came
+    meanwhile: they are on time, whatever ``catch_up`` says about downtime."""
+    s = spec(catch_up=catch_up, catch_up_max=3, overlap=overlap)
+    p = plan(s, state(T0), T0 + gap + 0.3, since=T0 + since)
+    enqueued, on_time, late, missed, skipped = expected
+    assert p.enqueue == tuple(T0 + e for e in enqueued)
+    assert (p.on_time, p.late, p.missed, p.skipped) == (on_time, late, missed, skipped)
+    assert p.through == T0 + gap
+
+
+def test_passes_held_up_for_up_to_a_minute_miss_no_tick() -> None:
+    """every = "1s", catch_up = "skip": passes held up 0-55 s (fake clock); each carries the
+    previous pass's now. Every tick is enqueued once, none counted missed."""
+    clock = FakeClock(T0)
+    s = spec(Timing.of(None, 1), catch_up="skip", overlap="allow")
+    st, since, enqueued = state(T0), None, []
+    for step in [0.004, 1.0, 7.3, 30.0, 0.5, 55.0, 2.2, 14.9] * 20:
+        clock.advance(step)
+        p = plan(s, st, clock.now(), since)
+        enqueued += p.enqueue
+        assert p.missed == 0 and p.skipped == 0, step
+        if p.through is not None:
+            st = replace(st, through=p.through)
+        since = clock.now()
+    assert enqueued == [T0 + k for k in range(1, int(clock.now() - T0) + 1)]
 
 
 def test_an_advance_only_moves_through_forward() -> None:
