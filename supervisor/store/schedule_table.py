@@ -95,11 +95,16 @@ class ScheduleTable:
 
     def register_schedules(self, names: Collection[str]) -> None:
         """Rows for schedules seen for the first time, starting now (nothing before now is
-        due: a new schedule is not backfilled). An existing row is left as it is."""
+        due: a new schedule is not backfilled). An existing row is left as it is.
+
+        In name order: on PostgreSQL an insert waits on a row another transaction inserted
+        with the same key until that one ends, so two supervisors whose configs list the same
+        new schedules in different orders would each hold one and wait on the other (a
+        deadlock, one of them rolled back). In one order, the second waits holding nothing."""
         if not names:
             return
         with self._tx() as conn:
-            for name in names:
+            for name in sorted(set(names)):
                 self._exec(conn, self._register_stmt, {"s_name": name})
 
     @cached_property

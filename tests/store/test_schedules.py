@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import queue
+import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from sqlalchemy import text
 
 from supervisor.model import Ack, JobState, ScheduleAdvance
 from supervisor.run.counters import Counters
@@ -24,6 +26,7 @@ from supervisor.run.storelink import InlineLink, execute
 from supervisor.schedules import ScheduleSpec, Timing, tick_job, tick_key
 from supervisor.store import open_store
 from supervisor.store.schema import TICKS_KEPT
+from tests.support.wait import eventually
 
 NEW_YORK = ZoneInfo("America/New_York")
 SPEC = ScheduleSpec(
@@ -223,6 +226,42 @@ def test_a_held_up_pass_enqueues_the_ticks_that_came_meanwhile(store, clock):
     assert len(store.list_jobs()) == 21 and scheduler.ticks[("beat", "missed")] == 0
     away = pass_after(90)
     assert (away.on_time, away.late, away.missed) == (1, 0, 89)
+
+
+def test_two_first_registrations_in_different_orders_do_not_deadlock(store, engine):
+    """PostgreSQL: another supervisor's transaction has inserted "a" and will insert "b";
+    this one registers ["b", "a"]. In config order it would hold "b" and wait on "a" while
+    the other waits on "b": a deadlock. In name order it waits on "a" holding nothing."""
+    if engine != "postgres":
+        pytest.skip("SQLite's BEGIN IMMEDIATE serialises the two transactions outright")
+    other = store.engine.connect()
+    tx = other.begin()
+    store._exec(other, store._register_stmt, {"s_name": "a"})
+    done: queue.Queue[BaseException | None] = queue.Queue()
+
+    def register() -> None:
+        try:
+            store.register_schedules(["b", "a"])
+            done.put(None)
+        except BaseException as exc:
+            done.put(exc)
+
+    thread = threading.Thread(target=register)
+    thread.start()
+    try:
+        with store.engine.connect() as watch:  # until this one waits on a lock
+            waiting = text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+            eventually(lambda: watch.execute(waiting).scalar_one() >= 1)
+        store._exec(other, store._register_stmt, {"s_name": "b"})  # deadlocks in config order
+        tx.commit()
+    finally:
+        other.close()
+        thread.join(30)
+    assert done.get(timeout=1) is None
+    assert set(store.schedule_states().states) == {"a", "b"}
 
 
 # ---- racing processes ------------------------------------------------------------------------
