@@ -359,11 +359,15 @@ class ScheduleState:
 
     ``through``: every tick at or before it has been decided (enqueued, or missed or skipped by
     the schedule's policies); a schedule seen for the first time starts at that moment, so
-    nothing is backfilled. ``recent``: the last ticks enqueued, oldest first."""
+    nothing is backfilled. ``timing``: the timing those ticks are decided by
+    (``Timing.fingerprint``), set at ``timing_at``. ``recent``: the last ticks enqueued,
+    oldest first."""
 
     name: str
     created_at: float
     through: float
+    timing: str = ""
+    timing_at: float = 0.0
     last_tick: float | None = None
     last_job_id: int | None = None
     missed: int = 0  # ticks never enqueued (catch_up or overlap), fleet-wide, since created
@@ -398,14 +402,16 @@ class ScheduleRead:
 class ScheduleAdvance:
     """One decision about a schedule, written in one transaction by ``Store.advance_schedule``:
     move ``through`` from ``expected`` to ``through`` (a compare-and-set: it takes only if the
-    row still says ``expected``), enqueue ``jobs`` (their ticks, with their keyed jobs), and
-    add ``missed`` to the row's count of ticks never enqueued."""
+    row still says ``expected`` and still has the ``timing`` the ticks were planned by),
+    enqueue ``jobs`` (their ticks, with their keyed jobs), and add ``missed`` to the row's
+    count of ticks never enqueued."""
 
     name: str
     expected: float
     through: float
     jobs: tuple[tuple[float, NewJob], ...] = ()
     missed: int = 0
+    timing: str = ""
 
     def __post_init__(self) -> None:
         if not self.through > self.expected:  # a decided tick is never decided again

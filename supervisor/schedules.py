@@ -93,6 +93,7 @@ class Timing:
                 raise ValueError(f"{every:g}s is not a whole number of seconds (expected >= 1s)")
             return cls(every=int(every), timezone=timezone)
         assert cron is not None
+        cron = " ".join(cron.split())  # one spelling per expression: the fingerprint's
         try:
             next(CronSim(cron, _CHECK_FROM))
         except CronSimError as exc:
@@ -107,6 +108,12 @@ class Timing:
         if self.every is not None:
             return f"every {self.every}s"
         return f'cron "{self.cron}" ({self.timezone})'
+
+    def fingerprint(self) -> str:
+        """What the schedule row keeps of the timing its ticks are decided by: a change
+        starts the schedule afresh (run/schedulepass.py). The description itself: changing
+        its text would restart every schedule once."""
+        return self.describe()
 
     def after(self, t: float) -> float | None:
         """The first tick strictly after ``t``; None if the cron matches nothing within 50

@@ -37,7 +37,7 @@ from supervisor.errors import StoreUnavailable
 from supervisor.model import iso
 from supervisor.observe.snapshot import ScheduleView
 from supervisor.run.outbox import StoreHealth
-from supervisor.run.schedulepass import PassReport, ScheduleOutcome
+from supervisor.run.schedulepass import Passes, PassReport, ScheduleOutcome
 from supervisor.run.storelink import Reply
 from supervisor.schedules import ScheduleSpec, lateness
 
@@ -76,8 +76,9 @@ class Scheduler:
         if now < self.next_pass or now < self.health.retry_at:
             return
         self.passing = True
-        since = self.report.now if self.report is not None else None  # the previous pass
-        self.chores.submit("schedule_pass", self.specs, since, on_reply=self._passed)
+        report = self.report  # the previous pass's, and the first one's now
+        passes = Passes(report.now, report.started) if report is not None else Passes()
+        self.chores.submit("schedule_pass", self.specs, passes, on_reply=self._passed)
 
     def due_at(self) -> float | None:
         """When the loop must wake for the next pass (None: none is waited for)."""
@@ -107,6 +108,15 @@ class Scheduler:
         self.next_pass = reply.started + wait
         for outcome in report.outcomes:
             self._note_error(outcome)
+            if outcome.retimed is not None:
+                spec = next(s for s in self.specs if s.name == outcome.name)
+                log.warning(
+                    "schedule %s: its timing changed from %s to %s: it starts afresh now, as "
+                    "a new schedule (no tick of the new timing before now is due)",
+                    outcome.name,
+                    outcome.retimed,
+                    spec.timing.fingerprint(),
+                )
             if outcome.took:
                 self._account(outcome)
 
@@ -129,19 +139,20 @@ class Scheduler:
         self.pass_error = text
 
     def _note_error(self, o: ScheduleOutcome) -> None:
-        """Keep and log a schedule's refusal when it changes; it ends when a write takes."""
+        """Keep and log why a schedule is not enqueued here when that changes; it ends with
+        a pass that writes it, or finds nothing due, without an error."""
         before = self.errors.get(o.name)
         if o.error is not None and o.error != before:
             self.errors[o.name] = o.error
             log.error(
-                "schedule %s: not enqueued: the database refused it (the other schedules go "
-                "on; tried again at each tick, logged when this changes): %s",
+                "schedule %s: not enqueued here (the other schedules go on; tried again at "
+                "each tick, logged when this changes): %s",
                 o.name,
                 o.error,
             )
-        elif o.error is None and before is not None and o.took:
+        elif o.error is None and before is not None and (o.took or o.plan.through is None):
             del self.errors[o.name]
-            log.warning("schedule %s: enqueued again (it was refused: %s)", o.name, before)
+            log.warning("schedule %s: enqueued here again (it was not: %s)", o.name, before)
 
     def _account(self, o: ScheduleOutcome) -> None:
         p = o.plan

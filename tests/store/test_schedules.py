@@ -20,7 +20,7 @@ from sqlalchemy import text
 from supervisor.model import Ack, JobState, ScheduleAdvance
 from supervisor.run.counters import Counters
 from supervisor.run.outbox import StoreHealth
-from supervisor.run.schedulepass import schedule_pass
+from supervisor.run.schedulepass import Passes, schedule_pass
 from supervisor.run.scheduler import MAX_WAIT, Scheduler
 from supervisor.run.storelink import InlineLink, execute
 from supervisor.schedules import ScheduleSpec, Timing, tick_job, tick_key
@@ -39,26 +39,28 @@ SPEC = ScheduleSpec(
     catch_up_max=3,
     overlap="allow",
 )
+TIMING = SPEC.timing.fingerprint()
 
 
 def advance(store: Any, expected: float, ticks: list[float], missed: int = 0) -> Any:
     jobs = tuple((t, tick_job(SPEC, t)) for t in ticks)
-    return store.advance_schedule(ScheduleAdvance("sync", expected, ticks[-1], jobs, missed))
+    advance = ScheduleAdvance("sync", expected, ticks[-1], jobs, missed, TIMING)
+    return store.advance_schedule(advance)
 
 
 def test_a_schedule_seen_first_starts_now_and_registering_again_changes_nothing(store, clock):
     assert store.schedule_states(["sync"]).states == {}
-    store.register_schedules(["sync"])
+    store.register_schedules({"sync": TIMING})
     first = store.schedule_states(["sync"]).states["sync"]
     assert first.through == first.created_at == clock.now() and first.last_tick is None
     clock.advance(30)
-    store.register_schedules(["sync"])
+    store.register_schedules({"sync": TIMING})
     assert store.schedule_states(["sync"]).states["sync"] == first
     assert set(store.schedule_states().states) == {"sync"}  # None: every row
 
 
 def test_advance_is_a_compare_and_set_that_enqueues_in_the_same_transaction(store, clock):
-    store.register_schedules(["sync"])
+    store.register_schedules({"sync": TIMING})
     start = store.schedule_states(["sync"]).states["sync"].through
     t1 = (start // 10 + 1) * 10
     done = advance(store, start, [t1], missed=2)
@@ -77,7 +79,7 @@ def test_advance_is_a_compare_and_set_that_enqueues_in_the_same_transaction(stor
 
 def test_an_existing_key_is_the_tick_s_job(store, clock):
     """Were a tick ever enqueued outside the advance (a key typed by hand), it stays one job."""
-    store.register_schedules(["sync"])
+    store.register_schedules({"sync": TIMING})
     start = store.schedule_states(["sync"]).states["sync"].through
     t1 = (start // 10 + 1) * 10
     existing = store.enqueue(tick_job(SPEC, t1))
@@ -87,7 +89,7 @@ def test_an_existing_key_is_the_tick_s_job(store, clock):
 
 def advance_n(store: Any, n: int) -> list[int]:
     """Enqueue the next ``n`` ticks, one advance each; their job ids."""
-    store.register_schedules(["sync"])
+    store.register_schedules({"sync": TIMING})
     through = store.schedule_states(["sync"]).states["sync"].through
     ids = []
     for _ in range(n):
@@ -236,12 +238,12 @@ def test_two_first_registrations_in_different_orders_do_not_deadlock(store, engi
         pytest.skip("SQLite's BEGIN IMMEDIATE serialises the two transactions outright")
     other = store.engine.connect()
     tx = other.begin()
-    store._exec(other, store._register_stmt, {"s_name": "a"})
+    store._exec(other, store._register_stmt, {"s_name": "a", "s_timing": TIMING})
     done: queue.Queue[BaseException | None] = queue.Queue()
 
     def register() -> None:
         try:
-            store.register_schedules(["b", "a"])
+            store.register_schedules({"b": TIMING, "a": TIMING})
             done.put(None)
         except BaseException as exc:
             done.put(exc)
@@ -255,13 +257,73 @@ def test_two_first_registrations_in_different_orders_do_not_deadlock(store, engi
                 "AND datname = current_database()"
             )
             eventually(lambda: watch.execute(waiting).scalar_one() >= 1)
-        store._exec(other, store._register_stmt, {"s_name": "b"})  # deadlocks in config order
+        store._exec(
+            other, store._register_stmt, {"s_name": "b", "s_timing": TIMING}
+        )  # deadlocks in config order
         tx.commit()
     finally:
         other.close()
         thread.join(30)
     assert done.get(timeout=1) is None
     assert set(store.schedule_states().states) == {"a", "b"}
+
+
+# ---- a changed timing ------------------------------------------------------------------------
+
+DAILY = replace(SPEC, name="sync", timing=Timing.of(None, 86_400), catch_up_max=10)
+MINUTELY = replace(DAILY, timing=Timing.of(None, 60))
+
+
+def test_a_changed_timing_starts_afresh_instead_of_backfilling(store, clock):
+    """every "1d" became "1m" with catch_up "all": the minutes since the last daily tick never
+    existed, so nothing is caught up or counted missed; the row takes the new timing and the
+    next minute is the first tick."""
+    old = schedule_pass(store, [DAILY])  # a supervisor with the old config registers it
+    assert old.states["sync"].timing == "every 86400s"
+    clock.advance(10 * 3600)
+    new = schedule_pass(store, [MINUTELY])  # one with the new config, started now
+    (o,) = new.outcomes
+    assert o.retimed == "every 86400s" and o.enqueued == () and o.error is None
+    row = new.states["sync"]
+    assert (row.timing, row.timing_at, row.through) == ("every 60s", clock.now(), clock.now())
+    assert row.missed == 0 and store.list_jobs() == []
+    clock.advance(60)
+    (o,) = schedule_pass(store, [MINUTELY], Passes(new.now, new.started)).outcomes
+    assert len(o.enqueued) == 1 and o.plan.on_time == 1 and o.plan.missed == 0
+
+
+def test_during_a_rolling_deploy_the_old_timing_stops_once_the_new_one_passed(store, clock):
+    """A supervisor with the old config, started before the row took the new timing, leaves
+    the schedule alone (its error says why) and its advance cannot take; restarted later with
+    the old config, it is the newest started and wins the row back."""
+    first = schedule_pass(store, [DAILY])
+    old_passes = Passes(first.now, first.started)  # the old supervisor runs on
+    clock.advance(3600)
+    schedule_pass(store, [MINUTELY])  # the new one started: retimed
+    clock.advance(16 * 3600)  # the old timing's next tick (00:00 UTC) is due
+    (o,) = schedule_pass(store, [DAILY], Passes(clock.now() - 1, old_passes.started)).outcomes
+    assert o.enqueued == () and not o.took and o.retimed is None
+    assert "set by a supervisor started after this one" in (o.error or "")
+    row = store.schedule_states(["sync"]).states["sync"]
+    assert row.timing == "every 60s" and store.list_jobs() == []
+    stale = ScheduleAdvance("sync", row.through, row.through + 1, (), 0, "every 86400s")
+    assert not store.advance_schedule(stale).took  # planned by the old timing: refused
+    clock.advance(10)
+    (back,) = schedule_pass(store, [DAILY]).outcomes  # the old config, restarted now
+    assert back.retimed == "every 60s" and back.error is None
+    assert store.schedule_states(["sync"]).states["sync"].timing == "every 86400s"
+
+
+def test_the_scheduler_logs_a_changed_timing(store, clock, caplog):
+    schedule_pass(store, [DAILY])
+    clock.advance(3600)
+    scheduler = Scheduler(
+        InlineLink(store, clock.monotonic), [MINUTELY], clock, StoreHealth(Counters())
+    )
+    caplog.set_level(logging.WARNING, "fleetd.schedules")
+    scheduler.tick(clock.monotonic(), draining=False)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("schedule sync: its timing changed from every 86400s to every 60s")
 
 
 # ---- racing processes ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from supervisor.clock import FakeClock
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run.counters import Counters
 from supervisor.run.outbox import StoreHealth
-from supervisor.run.schedulepass import PassReport
+from supervisor.run.schedulepass import Passes, PassReport
 from supervisor.run.scheduler import BACKOFF_MAX, LOG_EVERY, MAX_WAIT, Scheduler
 from supervisor.run.storelink import Reply
 from supervisor.schedules import LATE_AFTER, ScheduleSpec, Timing
@@ -34,7 +34,9 @@ class Chores:
         if self.error is not None:
             on_reply(Reply(None, self.error, self.clock.monotonic()))
         else:
-            report = PassReport(self.clock.now(), (), {})
+            passes = args[1]
+            now = self.clock.now()
+            report = PassReport(now, (), {}, passes.started or now)
             on_reply(Reply(report, None, self.clock.monotonic()))
 
 
@@ -89,16 +91,19 @@ def test_a_pass_late_by_the_scheduler_s_own_waits_is_not_a_late_schedule() -> No
     assert MAX_WAIT + STORE_BACKOFF_MAX < LATE_AFTER
 
 
-def test_each_pass_carries_the_previous_pass_s_now() -> None:
+def test_each_pass_carries_the_previous_pass_s_now_and_the_first_s() -> None:
     clock = FakeClock()
     chores = Chores(clock)
     chores.error = None
-    sent: list[Any] = []
+    sent: list[Passes] = []
     submit = chores.submit
-    chores.submit = lambda call, *args, on_reply: (
-        sent.append(args[1]),
-        submit(call, *args, on_reply=on_reply),
-    )  # type: ignore[method-assign]
+
+    def recorded(call: str, *args: Any, on_reply: Any) -> None:
+        sent.append(args[1])
+        submit(call, *args, on_reply=on_reply)
+
+    chores.submit = recorded  # type: ignore[method-assign]
     scheduler = Scheduler(chores, [SPEC], clock, StoreHealth(Counters()))
     run_loop(scheduler, clock, 12)
-    assert sent[0] is None and sent[1:] == [1_800_000_000.0 + k * 5.0 for k in range(len(sent) - 1)]
+    t0 = 1_800_000_000.0
+    assert sent == [Passes(), Passes(t0, t0), Passes(t0 + 5, t0)]  # a pass every MAX_WAIT

@@ -403,3 +403,12 @@ def test_every_catches_up_at_most_catch_up_max_ticks_in_one_pass() -> None:
 def test_a_spec_refuses_a_catch_up_max_outside_its_bounds(bad: int) -> None:
     with pytest.raises(ValueError, match="catch_up_max"):
         spec(catch_up_max=bad)
+
+
+def test_the_fingerprint_names_the_timing_once_however_it_is_spelt() -> None:
+    """The schedule row keeps it: a change starts the schedule afresh, a respelling must not."""
+    paris = Timing.of("0  2 * *\t*", None, "Europe/Paris")
+    assert paris.fingerprint() == 'cron "0 2 * * *" (Europe/Paris)' == paris.describe()
+    assert paris.fingerprint() == Timing.of("0 2 * * *", None, "Europe/Paris").fingerprint()
+    assert Timing.of(None, 300).fingerprint() == "every 300s"
+    assert Timing.of("0 2 * * *", None).fingerprint() != paris.fingerprint()
