@@ -423,7 +423,10 @@ class ScheduleAdvance:
 @dataclass(frozen=True, slots=True)
 class AdvanceOutcome:
     """Whether the advance took (False: another supervisor decided these ticks first, and
-    nothing was written), and the job id of each tick enqueued."""
+    nothing was written), the job id of each tick enqueued, and the ticks whose idempotency
+    key named a job that was there already (enqueued by hand, or a restored database): that
+    job is the tick's, and no second one was made."""
 
     took: bool
     enqueued: tuple[tuple[float, int], ...] = ()
+    adopted: tuple[float, ...] = ()

@@ -44,7 +44,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from supervisor.model import NewJob, ScheduleState, iso
+from supervisor.model import JobState, NewJob, ScheduleState, iso
 
 MISFIRE = 60.0  # a tick seen later than this (or than one period) was missed, not late
 ON_TIME_MAX = int(MISFIRE) + 1  # on-time ticks in one pass at most (ticks are >= 1 s apart)
@@ -57,6 +57,7 @@ SCAN_CAP = 10_000  # due ticks counted one by one in one pass; past it, "at leas
 # few seconds of inserts at most, far below the store call's limit, and below SCAN_CAP, so the
 # ticks counted always include the ones enqueued
 CATCH_UP_MAX = 1000
+EVERY_MAX = 366 * 86_400  # longer (or calendar) periods: a cron expression
 CATCH_UP = ("skip", "once", "all")
 OVERLAP = ("skip", "allow")
 _CHECK_FROM = datetime(2000, 1, 1, tzinfo=UTC)  # a cron is checked from here: does it match?
@@ -91,6 +92,12 @@ class Timing:
         if every is not None:
             if every < 1 or every != int(every):
                 raise ValueError(f"{every:g}s is not a whole number of seconds (expected >= 1s)")
+            if every > EVERY_MAX:
+                days = EVERY_MAX // 86_400
+                raise ValueError(
+                    f"{every / 86_400:.0f} days is too long (expected at most {days} days; a "
+                    "cron expression for a yearly or calendar date)"
+                )
             return cls(every=int(every), timezone=timezone)
         assert cron is not None
         cron = " ".join(cron.split())  # one spelling per expression: the fingerprint's
@@ -302,6 +309,19 @@ def lateness(spec: ScheduleSpec, state: ScheduleState | None, now: float) -> flo
     if first is None or first > now:
         return 0.0
     return max(0.0, now - first - max(spec.timing.grace(first), LATE_AFTER))
+
+
+def stuck_for(spec: ScheduleSpec, state: ScheduleState | None, now: float) -> float:
+    """Seconds the last tick's job has stayed queued (waiting, or for a retry) past the
+    schedule's next tick and ``LATE_AFTER`` (0: it has not): with ``overlap = "skip"`` no
+    later tick is enqueued until it runs; with ``"allow"`` they queue behind it."""
+    last = state.last if state is not None else None
+    if last is None or last.state != JobState.QUEUED:
+        return 0.0
+    following = spec.timing.after(last.tick)
+    if following is None:
+        return 0.0
+    return max(0.0, now - following - LATE_AFTER)
 
 
 def describe(spec: ScheduleSpec) -> dict[str, Any]:

@@ -6,6 +6,8 @@ A schedule's ``status``:
 - ``error``: a running supervisor's passes do not enqueue it (the database refuses its write,
   or the pass itself fails), from the supervisors' snapshots (``with_errors``);
 - ``ok``: its ticks are decided on time, and the last tick's job did not die;
+- ``stuck``: the last tick's job is still queued past the next tick (nothing runs its pool,
+  or it waits for a retry): with ``overlap = "skip"`` no later tick is enqueued meanwhile;
 - ``failed``: the last tick's job is dead (the next tick still comes);
 - ``late``: a due tick has waited past its grace (and ``schedules.LATE_AFTER``) with no
   pass deciding it: no running supervisor has this schedule in its config (all stopped, or a
@@ -22,15 +24,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.model import JobState, ScheduleState, iso
-from supervisor.schedules import ScheduleSpec, lateness
+from supervisor.schedules import ScheduleSpec, lateness, stuck_for
 
-PROBLEMS = ("error", "late", "failed")
+PROBLEMS = ("error", "late", "stuck", "failed")
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSummary:
     name: str
-    status: str  # ok, error, failed, late, waiting, unconfigured
+    status: str  # ok, error, late, stuck, failed, waiting, unconfigured
     kind: str = ""
     timing: str = ""
     policies: str = ""
@@ -40,6 +42,7 @@ class ScheduleSummary:
     last_success_at: float | None = None
     next_ticks: tuple[float, ...] = ()
     late_for: float = 0.0
+    stuck_for: float = 0.0  # the last tick's job queued this long past the next tick
     missed: int = 0  # ticks never enqueued (catch_up, overlap), fleet-wide
     created_at: float | None = None
     error: str | None = None  # why a running supervisor does not enqueue it (its node named)
@@ -59,6 +62,14 @@ class ScheduleSummary:
                 f"{self.late_for:.0f}s late: no pass decided its due tick (no running "
                 f"supervisor has it, or their passes fail or are held up); {last}"
             )
+        if self.status == "stuck":
+            held = (
+                "no later tick is enqueued until it runs (overlap skip)"
+                if "overlap skip" in self.policies
+                else "later ticks queue behind it"
+            )
+            queued = f"its last job is still queued {self.stuck_for:.0f}s past the next tick"
+            return f"{queued}: {held}; {last}"
         if self.status == "failed":
             return f"its last job died: {last} dead"
         if self.status == "unconfigured":
@@ -78,6 +89,7 @@ class ScheduleSummary:
             "last_success_at": iso(self.last_success_at),
             "next_ticks": [iso(t) for t in self.next_ticks],
             "late_for": round(self.late_for, 3),
+            "stuck_for": round(self.stuck_for, 3),
             "missed": self.missed,
             "created_at": iso(self.created_at),
             "error": self.error,
@@ -117,12 +129,15 @@ def _summary(
 ) -> ScheduleSummary:
     last = state.last if state else None
     late = lateness(spec, state, now) if spec is not None else 0.0
+    stuck = stuck_for(spec, state, now) if spec is not None else 0.0
     if spec is None:
         status = "unconfigured"
     elif state is None:
         status = "waiting"
     elif late > 0:
         status = "late"
+    elif stuck > 0:
+        status = "stuck"
     elif last is not None and last.state == JobState.DEAD:
         status = "failed"
     else:
@@ -139,6 +154,7 @@ def _summary(
         last_success_at=state.latest_success() if state else None,
         next_ticks=spec.timing.next_ticks(now, ahead) if spec else (),
         late_for=late,
+        stuck_for=stuck,
         missed=state.missed if state else 0,
         created_at=state.created_at if state else None,
     )

@@ -66,6 +66,7 @@ class ScheduleOutcome:
     enqueued: tuple[tuple[float, int], ...] = ()
     error: str | None = None
     retimed: str | None = None
+    adopted: tuple[float, ...] = ()  # ticks whose key named an existing job (AdvanceOutcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +174,9 @@ def _decide(
         )
         done = store.advance_schedule(advance)
         if done.took:
-            return ScheduleOutcome(spec.name, plan, True, done.enqueued, retimed=retimed)
+            return ScheduleOutcome(
+                spec.name, plan, True, done.enqueued, retimed=retimed, adopted=done.adopted
+            )
         fresh = store.schedule_states([spec.name])  # another supervisor decided first
         state, now = fresh.states[spec.name], fresh.now
     return ScheduleOutcome(spec.name, TickPlan(next_tick=plan.next_tick), retimed=retimed)

@@ -160,6 +160,15 @@ class Scheduler:
             if n:
                 self.ticks[(o.name, key)] += n
         jobs = ", ".join(f"{iso(t)} (job {job})" for t, job in o.enqueued) or "none"
+        for tick, job in o.enqueued:
+            if tick in o.adopted:
+                log.warning(
+                    "schedule %s: the key of tick %s named job %s, there already (enqueued "
+                    "by hand, or a restored database): it is the tick's job, none was added",
+                    o.name,
+                    iso(tick),
+                    job,
+                )
         if not (p.late or p.missed or p.skipped):
             log.debug("schedule %s: enqueued %s", o.name, jobs)
             return

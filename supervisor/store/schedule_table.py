@@ -51,7 +51,7 @@ class ScheduleTable:
         ) -> Any: ...
         def _now(self) -> ColumnElement[float]: ...
         def _insert(self) -> Any: ...
-        def _insert_keyed(self, conn: Connection, job: NewJob) -> int: ...
+        def _insert_or_find(self, conn: Connection, job: NewJob) -> tuple[int, bool]: ...
         def _after_enqueue(self, conn: Connection, pools: set[str]) -> None: ...
         def _after_commit(self, pools: set[str]) -> None: ...
 
@@ -157,6 +157,7 @@ class ScheduleTable:
         """Decide a schedule's ticks up to ``advance.through`` and enqueue its jobs, in one
         transaction, only if the row still says ``advance.expected`` (module docstring)."""
         enqueued: list[tuple[float, int]] = []
+        adopted: list[float] = []  # ticks whose key named a job there already
         pools = {job.pool for _, job in advance.jobs}
         with self._tx() as conn:
             moved = self._exec(
@@ -173,13 +174,16 @@ class ScheduleTable:
             if moved.rowcount != 1:
                 return AdvanceOutcome(took=False)
             for tick, job in advance.jobs:
-                enqueued.append((tick, self._insert_keyed(conn, job)))
+                job_id, inserted = self._insert_or_find(conn, job)
+                enqueued.append((tick, job_id))
+                if not inserted:
+                    adopted.append(tick)
             if enqueued:
                 self._record_ticks(conn, advance.name, enqueued)
                 self._after_enqueue(conn, pools)
         if enqueued:
             self._after_commit(pools)
-        return AdvanceOutcome(took=True, enqueued=tuple(enqueued))
+        return AdvanceOutcome(took=True, enqueued=tuple(enqueued), adopted=tuple(adopted))
 
     @cached_property
     def _advance_stmt(self) -> Any:

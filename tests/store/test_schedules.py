@@ -83,8 +83,24 @@ def test_an_existing_key_is_the_tick_s_job(store, clock):
     start = store.schedule_states(["sync"]).states["sync"].through
     t1 = (start // 10 + 1) * 10
     existing = store.enqueue(tick_job(SPEC, t1))
-    assert advance(store, start, [t1]).enqueued == ((t1, existing),)
+    done = advance(store, start, [t1])
+    assert done.enqueued == ((t1, existing),) and done.adopted == (t1,)
     assert len(store.list_jobs()) == 1
+
+
+def test_a_pass_that_finds_a_tick_s_job_there_already_says_so(store, clock, caplog):
+    scheduler = Scheduler(
+        InlineLink(store, clock.monotonic), [SPEC], clock, StoreHealth(Counters())
+    )
+    scheduler.tick(clock.monotonic(), draining=False)  # first sight
+    existing = store.enqueue(tick_job(SPEC, clock.now() + 10))  # by hand, with its key
+    clock.advance(10)
+    caplog.set_level(logging.WARNING, "fleetd.schedules")
+    scheduler.tick(clock.monotonic(), draining=False)
+    (o,) = scheduler.report.outcomes
+    assert o.enqueued == ((clock.now(), existing),) and o.adopted == (clock.now(),)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"named job {existing}, there already" in line
 
 
 def advance_n(store: Any, n: int) -> list[int]:

@@ -619,6 +619,8 @@ SCHEDULE_ERRORS = [
     ('cron = "0 2 * * *"\nevery = "1h"\n', "schedules.nightly.every", ["both cron and every"]),
     ('every = "1.5s"\n', "schedules.nightly.every", ["whole number of seconds"]),
     ('every = "0s"\n', "schedules.nightly.every", ["is zero"]),
+    ('every = "367d"\n', "schedules.nightly.every", ["367 days is too long", "366 days"]),
+    ('every = "3000000d"\n', "schedules.nightly.every", ["3000000 days is too long"]),
     (
         'cron = "0 2 * * *"\ntimezone = "Europe/Pariss"\n',
         "schedules.nightly.timezone",
@@ -668,6 +670,8 @@ def test_schedule_values_at_the_database_s_limits(tmp_path: Path) -> None:
     (spec,) = load(tmp_path, schedule(at_limits + "catch_up_max = 1000\n")).schedule_specs()
     assert spec.priority == 2**31 - 1 and spec.tenant == "t" * 200
     assert spec.catch_up_max == 1000
+    (yearly,) = load(tmp_path, schedule('every = "366d"\n')).schedule_specs()
+    assert yearly.timing.every == 366 * 86400
     assert load(tmp_path, schedule('every = "1h"\npriority = -2147483648\n')).schedules
     name = "n" * 200
     named = REINDEX + f'[schedules.{name}]\nkind = "reindex"\nevery = "1h"\n'

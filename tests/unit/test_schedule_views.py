@@ -4,6 +4,7 @@ status``, the status frame's lines, the snapshot's JSON and the metrics."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -130,3 +131,42 @@ def test_a_schedule_a_running_supervisor_cannot_enqueue_is_an_error_in_status() 
     assert f"! schedule nightly: not enqueued: {refused} (node node-a)" in console.export_text()
     jsonschema.validate(view.to_dict(), SCHEMA)
     assert FleetSnapshot.from_json(snap.to_json()).schedules == views
+
+
+def test_a_last_job_still_queued_past_the_next_tick_is_stuck() -> None:
+    """With overlap skip a queued last job holds every later tick back: flagged once the
+    next tick is LATE_AFTER (15 s) past, with how long, in status and its JSON."""
+    specs = [spec("nightly"), spec("busy")]
+
+    def skipping(name: str, last: JobState) -> ScheduleState:
+        # passes decided every tick to T0 + 30, skipping them: the job of tick T0 waits
+        return replace(row(name, T0, last), through=T0 + 30)
+
+    # still queued; running (overlap waits, nothing is stuck)
+    states = {
+        "nightly": skipping("nightly", JobState.QUEUED),
+        "busy": skipping("busy", JobState.LEASED),
+    }
+    found = {s.name: s for s in summarize(specs, states, T0 + 10 + 15 + 7)}
+    assert found["nightly"].status == "stuck" and found["nightly"].stuck_for == 7
+    assert found["busy"].status == "ok"
+    assert (
+        found["nightly"]
+        .detail()
+        .startswith(
+            "its last job is still queued 7s past the next tick: no later tick is enqueued until "
+            "it runs (overlap skip)"
+        )
+    )
+    assert summarize(specs, states, T0 + 10 + 15)[0].status == "ok"
+    view = build_view(
+        fleet="demo",
+        database="sqlite:///x.db",
+        configured={},
+        stats={},
+        rows=[],
+        now=T0 + 32,
+        schedules=summarize(specs, states, T0 + 32),
+    )
+    jsonschema.validate(view.to_dict(), SCHEMA)
+    assert view.to_dict()["schedules"][0]["stuck_for"] == 7

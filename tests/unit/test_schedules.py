@@ -207,6 +207,7 @@ def test_a_gap_longer_than_the_scan_counts_at_least_the_cap_and_keeps_the_newest
         ("0 2 * * *", None, "Mars/Olympus", "not a time zone"),
         (None, 1.5, "UTC", "whole number of seconds"),
         (None, 0.5, "UTC", "whole number of seconds"),
+        (None, 367 * 86400, "UTC", "367 days is too long"),
         ("* * * * *", 60, "UTC", "exactly one"),
         (None, None, "UTC", "exactly one"),
     ],
