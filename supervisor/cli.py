@@ -475,11 +475,14 @@ def resume(config_path: str, pool: str, kind: str | None) -> None:
 @friendly
 def schedules(config_path: str, as_json: bool) -> None:
     """List each schedule: its last tick (job and state), next tick, last success, policies."""
-    from supervisor.observe.schedview import summarize
+    from supervisor.observe.fleetview import node_view, schedule_errors
+    from supervisor.observe.schedview import summarize, with_errors
 
     with _client(config_path) as client:
         read = client.store.schedule_states()
         found = summarize(client.config.schedule_specs(), read.states, read.now)
+        nodes = [node_view(row) for row in client.store.list_nodes()]
+    found = with_errors(found, schedule_errors(nodes))
     if as_json:
         for s in found:
             click.echo(json.dumps(s.to_dict()))

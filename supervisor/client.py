@@ -17,7 +17,7 @@ from typing import Any, Self
 from supervisor.clock import Clock
 from supervisor.config import FleetConfig, load_config
 from supervisor.errors import JobNotFound, PayloadError
-from supervisor.model import FINAL_STATES, Job, NewJob
+from supervisor.model import FINAL_STATES, PRIORITY_MAX, PRIORITY_MIN, Job, NewJob
 from supervisor.store import Store, open_store
 from supervisor.units import parse_duration
 
@@ -162,8 +162,16 @@ def _optional_text(name: str, value: Any) -> str | None:
 
 
 def _priority(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PayloadError(f"priority must be an integer, not {value!r}")
+    """An integer the database's column holds (PostgreSQL's int4; SQLite would overflow
+    past 2**63 with a driver error instead)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (PRIORITY_MIN <= value <= PRIORITY_MAX)
+    ):
+        raise PayloadError(
+            f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, not {value!r}"
+        )
     return value
 
 

@@ -38,6 +38,7 @@ from pydantic import (
 
 from supervisor import schedules, units
 from supervisor.errors import ConfigError, UnknownKind
+from supervisor.model import NAME_MAX, PRIORITY_MAX, PRIORITY_MIN
 
 __all__ = [
     "FleetConfig",
@@ -107,6 +108,16 @@ def _count(minimum: int) -> Callable[[Any], int]:
         return value
 
     return check
+
+
+def _at_most(check: Callable[[Any], int], maximum: int) -> Callable[[Any], int]:
+    def bounded(value: Any) -> int:
+        value = check(value)
+        if value > maximum:
+            raise ValueError(f"{value!r} is too large (expected an integer <= {maximum})")
+        return value
+
+    return bounded
 
 
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -379,10 +390,28 @@ def _payload(value: Any) -> str:
         ) from None
 
 
-def _integer(value: Any) -> int:
+def _priority(value: Any) -> int:
+    expected = f"an integer from {PRIORITY_MIN} to {PRIORITY_MAX}; higher runs first"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{value!r} is not an integer (expected e.g. 0; higher runs first)")
+        raise ValueError(f"{value!r} is not an integer (expected {expected})")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValueError(f"{value!r} is out of range (expected {expected})")
     return value
+
+
+def _short(check: Callable[[Any], Any], what: str) -> Callable[[Any], Any]:
+    """``check``, then at most ``NAME_MAX`` characters (what the database's column holds)."""
+
+    def bounded(value: Any) -> Any:
+        value = check(value)
+        if isinstance(value, str) and len(value) > NAME_MAX:
+            raise ValueError(
+                f"{value[:20]!r}... is {len(value)} characters long "
+                f"(expected {what} of at most {NAME_MAX})"
+            )
+        return value
+
+    return bounded
 
 
 class ScheduleConfig(BaseModel):
@@ -411,12 +440,16 @@ class ScheduleConfig(BaseModel):
         "once",
         'after downtime: "skip" (none), "once" (the latest missed tick), "all" (each, capped)',
     )
-    catch_up_max: Positive = _key(10, 'at most this many missed ticks with catch_up = "all"')
+    catch_up_max: Annotated[int, BeforeValidator(_at_most(_count(1), schedules.CATCH_UP_MAX))] = (
+        _key(10, 'at most this many missed ticks with catch_up = "all" (1 to 1000)')
+    )
     overlap: Annotated[str, BeforeValidator(_choice(*schedules.OVERLAP))] = _key(
         "skip", '"skip": no new tick while the last one is queued or running; "allow": enqueue'
     )
-    tenant: Name = _key(None, "the jobs' tenant, as for enqueue", example="acme")
-    priority: Annotated[int, BeforeValidator(_integer)] = _key(0, "the jobs' priority")
+    tenant: Annotated[
+        str | None, BeforeValidator(_optional(_short(_text(r"\S+", "a name"), "a tenant")))
+    ] = _key(None, "the jobs' tenant, as for enqueue", example="acme")
+    priority: Annotated[int, BeforeValidator(_priority)] = _key(0, "the jobs' priority")
 
     @model_validator(mode="after")
     def _timing(self) -> ScheduleConfig:
@@ -448,6 +481,10 @@ def _named_schedule(name: Any, table: Any) -> Any:
     if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         expected = f"a schedule name matching {_IDENTIFIER.pattern}"
         raise _Problem(f"{name!r} is not a schedule name (expected {expected})", (name,))
+    try:
+        _short(str, "a schedule name")(name)
+    except ValueError as exc:  # the key path would repeat the long name: the message has it
+        raise _Problem(str(exc)) from None
     if isinstance(table, ScheduleConfig) and table.name == name:
         return table
     if not isinstance(table, Mapping):

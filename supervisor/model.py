@@ -44,6 +44,12 @@ class ErrorKind(StrEnum):
     LEASE_EXPIRED = "lease_expired"  # nobody extended the lease in time (reaper)
 
 
+# What the store's columns hold (supervisor/store/schema.py), so config and the client refuse a
+# value up front instead of PostgreSQL at the first write (SQLite stores longer text as it is).
+NAME_MAX = 200  # characters of a tenant, a kind, a pool or a schedule name (varchar(200))
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # a job's priority (int4)
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """A job about to be enqueued. ``payload`` is already-validated JSON text."""
@@ -353,11 +359,15 @@ class ScheduleState:
 
     ``through``: every tick at or before it has been decided (enqueued, or missed or skipped by
     the schedule's policies); a schedule seen for the first time starts at that moment, so
-    nothing is backfilled. ``recent``: the last ticks enqueued, oldest first."""
+    nothing is backfilled. ``timing``: the timing those ticks are decided by
+    (``Timing.fingerprint``), set at ``timing_at``. ``recent``: the last ticks enqueued,
+    oldest first."""
 
     name: str
     created_at: float
     through: float
+    timing: str = ""
+    timing_at: float = 0.0
     last_tick: float | None = None
     last_job_id: int | None = None
     missed: int = 0  # ticks never enqueued (catch_up or overlap), fleet-wide, since created
@@ -392,20 +402,31 @@ class ScheduleRead:
 class ScheduleAdvance:
     """One decision about a schedule, written in one transaction by ``Store.advance_schedule``:
     move ``through`` from ``expected`` to ``through`` (a compare-and-set: it takes only if the
-    row still says ``expected``), enqueue ``jobs`` (their ticks, with their keyed jobs), and
-    add ``missed`` to the row's count of ticks never enqueued."""
+    row still says ``expected`` and still has the ``timing`` the ticks were planned by),
+    enqueue ``jobs`` (their ticks, with their keyed jobs), and add ``missed`` to the row's
+    count of ticks never enqueued."""
 
     name: str
     expected: float
     through: float
     jobs: tuple[tuple[float, NewJob], ...] = ()
     missed: int = 0
+    timing: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.through > self.expected:  # a decided tick is never decided again
+            raise ValueError(f"schedule {self.name}: through goes back or stays ({self})")
+        if self.missed < 0:
+            raise ValueError(f"schedule {self.name}: a negative missed count ({self})")
 
 
 @dataclass(frozen=True, slots=True)
 class AdvanceOutcome:
     """Whether the advance took (False: another supervisor decided these ticks first, and
-    nothing was written), and the job id of each tick enqueued."""
+    nothing was written), the job id of each tick enqueued, and the ticks whose idempotency
+    key named a job that was there already (enqueued by hand, or a restored database): that
+    job is the tick's, and no second one was made."""
 
     took: bool
     enqueued: tuple[tuple[float, int], ...] = ()
+    adopted: tuple[float, ...] = ()

@@ -11,13 +11,16 @@ supervisors always name a tick alike, and its idempotency key ``schedule:<name>:
 it one job however many enqueue it.
 
 Which due ticks a pass enqueues (``plan``), given ``through`` (every tick up to it is
-decided) and ``now``:
+decided), ``now``, and ``since`` (the store's now at this supervisor's previous pass):
 
-- the **current tick**, the latest one due, when it is on time: at most ``grace`` late,
-  min(one period, ``MISFIRE``); a supervisor that runs sees each tick within a second;
-- the **missed ticks** (every other due tick, and the latest one when it is late: no
-  supervisor ran at its time): by ``catch_up``, none (``skip``), the latest (``once``) or the
-  latest ``catch_up_max`` (``all``); the others are counted as missed;
+- the **on-time ticks**: every tick due after ``since``, when that pass was at most
+  ``MISFIRE`` ago (this supervisor was passing when they came: its pass is late, held up
+  behind a slow chore or a short store backoff, but nobody missed them), and the current
+  tick, the latest one due, when it is at most ``grace`` late, min(one period,
+  ``MISFIRE``); a supervisor that runs sees each tick within a second;
+- the **missed ticks** (every other due tick: no pass decided it near its time, because no
+  supervisor ran or the store was away for long): by ``catch_up``, none (``skip``), the latest
+  (``once``) or the latest ``catch_up_max`` (``all``); the others are counted as missed;
 - ``overlap = "skip"``: nothing while the last tick's job is queued (or waiting for a retry)
   or leased, and at most one tick a pass, the newest chosen: two ticks of the schedule never
   wait or run at once. The others are counted as skipped.
@@ -41,10 +44,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from supervisor.model import NewJob, ScheduleState, iso
+from supervisor.model import JobState, NewJob, ScheduleState, iso
 
 MISFIRE = 60.0  # a tick seen later than this (or than one period) was missed, not late
+ON_TIME_MAX = int(MISFIRE) + 1  # on-time ticks in one pass at most (ticks are >= 1 s apart)
+# ``fleetd status`` calls a due tick late only past its grace and this: how late a running
+# supervisor's pass may be (the scheduler's MAX_WAIT of 5 s, the store backoff of up to 5 s,
+# and a margin), so a short period is not "late" whenever a pass is
+LATE_AFTER = 15.0
 SCAN_CAP = 10_000  # due ticks counted one by one in one pass; past it, "at least"
+# catch_up = "all" enqueues at most this many missed ticks in one pass (one transaction): a
+# few seconds of inserts at most, far below the store call's limit, and below SCAN_CAP, so the
+# ticks counted always include the ones enqueued
+CATCH_UP_MAX = 1000
+EVERY_MAX = 366 * 86_400  # longer (or calendar) periods: a cron expression
 CATCH_UP = ("skip", "once", "all")
 OVERLAP = ("skip", "allow")
 _CHECK_FROM = datetime(2000, 1, 1, tzinfo=UTC)  # a cron is checked from here: does it match?
@@ -79,8 +92,15 @@ class Timing:
         if every is not None:
             if every < 1 or every != int(every):
                 raise ValueError(f"{every:g}s is not a whole number of seconds (expected >= 1s)")
+            if every > EVERY_MAX:
+                days = EVERY_MAX // 86_400
+                raise ValueError(
+                    f"{every / 86_400:.0f} days is too long (expected at most {days} days; a "
+                    "cron expression for a yearly or calendar date)"
+                )
             return cls(every=int(every), timezone=timezone)
         assert cron is not None
+        cron = " ".join(cron.split())  # one spelling per expression: the fingerprint's
         try:
             next(CronSim(cron, _CHECK_FROM))
         except CronSimError as exc:
@@ -96,15 +116,21 @@ class Timing:
             return f"every {self.every}s"
         return f'cron "{self.cron}" ({self.timezone})'
 
+    def fingerprint(self) -> str:
+        """What the schedule row keeps of the timing its ticks are decided by: a change
+        starts the schedule afresh (run/schedulepass.py). The description itself: changing
+        its text would restart every schedule once."""
+        return self.describe()
+
     def after(self, t: float) -> float | None:
         """The first tick strictly after ``t``; None if the cron matches nothing within 50
         years of it."""
         if self.every is not None:
             return float((math.floor(t / self.every) + 1) * self.every)
-        try:
-            return next(self._cron(t)).timestamp()
-        except StopIteration:
-            return None
+        for moment in self._cron(t):
+            if moment.timestamp() > t:  # not a tick of the repeated hour already past (_cron)
+                return moment.timestamp()
+        return None
 
     def next_ticks(self, t: float, n: int) -> tuple[float, ...]:
         """The first ``n`` ticks strictly after ``t``."""
@@ -130,6 +156,8 @@ class Timing:
         count = 0
         for moment in self._cron(after):
             tick = moment.timestamp()
+            if tick <= after:  # a tick of the repeated hour already past (_cron)
+                continue
             if tick > until:
                 return count, tuple(latest)
             count += 1
@@ -143,8 +171,9 @@ class Timing:
             tick = moment.timestamp()
             if tick <= after or len(newest) >= keep:
                 break
-            newest.append(tick)
-        return count, tuple(reversed(newest))
+            if tick <= until:
+                newest.append(tick)
+        return count, tuple(sorted(set(newest)))
 
     def grace(self, tick: float) -> float:
         """How late ``tick`` may be seen and still count as on time: one period (to the
@@ -153,6 +182,10 @@ class Timing:
         return MISFIRE if following is None else min(MISFIRE, following - tick)
 
     def _cron(self, t: float) -> CronSim:
+        """cronsim's ticks from ``t`` on. Hazard: started inside the repeated hour of a
+        fall-back night (the second 02:10 in Paris), it reads the wall time and first yields
+        a fixed-time tick of that night's first pass (02:30 CEST), already past; a reverse
+        scan started there may skip one. Callers drop what is not after ``t``."""
         return CronSim(self.cron or "", _local(t, self.timezone))
 
 
@@ -176,6 +209,10 @@ class ScheduleSpec:
     catch_up: str = "once"
     catch_up_max: int = 10
     overlap: str = "skip"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.catch_up_max <= CATCH_UP_MAX:
+            raise ValueError(f"catch_up_max {self.catch_up_max} (expected 1 to {CATCH_UP_MAX})")
 
     def policies(self) -> str:
         """``catch_up once, overlap skip`` (``all`` shows its cap)."""
@@ -221,31 +258,41 @@ class TickPlan:
         return self.missed + self.skipped
 
 
-def plan(spec: ScheduleSpec, state: ScheduleState, now: float) -> TickPlan:
-    """Which of the ticks due since ``state.through`` to enqueue at ``now`` (module doc)."""
+def plan(
+    spec: ScheduleSpec, state: ScheduleState, now: float, since: float | None = None
+) -> TickPlan:
+    """Which of the ticks due since ``state.through`` to enqueue at ``now`` (module doc);
+    ``since``: the store's now at this supervisor's previous pass (None: its first)."""
     timing = spec.timing
-    keep = max(spec.catch_up_max, 1) + 1
-    count, latest = timing.due(state.through, now, keep)
+    if since is not None and not 0 <= now - since <= MISFIRE:
+        since = None  # passes stopped for longer (the store away): downtime, per catch_up
+    count, latest = timing.due(state.through, now, spec.catch_up_max + ON_TIME_MAX)
     next_tick = timing.after(now)
     if count == 0:
         return TickPlan(next_tick=next_tick)
     current = latest[-1]
-    on_time = now - current <= timing.grace(current)
-    late = latest[:-1] if on_time else latest
-    late_count = count - 1 if on_time else count
+    if current <= state.through:  # due() only returns later ticks: the row never goes back
+        return TickPlan(next_tick=next_tick)
+    on_time = tuple(
+        t
+        for t in latest
+        if (since is not None and t > since) or (t == current and now - t <= timing.grace(t))
+    )
+    late = latest[: len(latest) - len(on_time)]  # the on-time ones are the newest
     caught_up = {"skip": (), "once": late[-1:], "all": late[-spec.catch_up_max :]}[spec.catch_up]
-    chosen = (*caught_up, *((current,) if on_time else ()))
-    missed = late_count - len(caught_up)
+    chosen = (*caught_up, *on_time)
+    missed = max(0, count - len(on_time) - len(caught_up))  # a capped count: "at least"
     skipped = 0
     if spec.overlap == "skip" and chosen and (state.busy() or len(chosen) > 1):
         keep_one = () if state.busy() else chosen[-1:]
         skipped = len(chosen) - len(keep_one)
         chosen = keep_one
+    on_time_chosen = len([t for t in chosen if t in on_time])
     return TickPlan(
         enqueue=chosen,
         through=current,
-        on_time=int(on_time and current in chosen),
-        late=len([t for t in chosen if t != current or not on_time]),
+        on_time=on_time_chosen,
+        late=len(chosen) - on_time_chosen,
         missed=missed,
         skipped=skipped,
         next_tick=next_tick,
@@ -253,14 +300,28 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: float) -> TickPlan:
 
 
 def lateness(spec: ScheduleSpec, state: ScheduleState | None, now: float) -> float:
-    """Seconds the oldest undecided due tick is past its grace (0: none is): a tick that no
-    supervisor decided in time, because none runs with this schedule."""
+    """Seconds the oldest undecided due tick is past its grace and ``LATE_AFTER`` (0: none
+    is): no pass decided it in time, because no running supervisor has this schedule, or
+    their passes fail or are held up."""
     if state is None:
         return 0.0
     first = spec.timing.after(state.through)
     if first is None or first > now:
         return 0.0
-    return max(0.0, now - first - spec.timing.grace(first))
+    return max(0.0, now - first - max(spec.timing.grace(first), LATE_AFTER))
+
+
+def stuck_for(spec: ScheduleSpec, state: ScheduleState | None, now: float) -> float:
+    """Seconds the last tick's job has stayed queued (waiting, or for a retry) past the
+    schedule's next tick and ``LATE_AFTER`` (0: it has not): with ``overlap = "skip"`` no
+    later tick is enqueued until it runs; with ``"allow"`` they queue behind it."""
+    last = state.last if state is not None else None
+    if last is None or last.state != JobState.QUEUED:
+        return 0.0
+    following = spec.timing.after(last.tick)
+    if following is None:
+        return 0.0
+    return max(0.0, now - following - LATE_AFTER)
 
 
 def describe(spec: ScheduleSpec) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from supervisor.model import Pause, PoolStats, iso
 from supervisor.observe import health
-from supervisor.observe.schedview import ScheduleSummary
+from supervisor.observe.schedview import ScheduleSummary, with_errors
 from supervisor.observe.snapshot import FleetSnapshot, PoolView, WorkerView
 
 GONE_AFTER = 10.0  # seconds without a heartbeat: gone (the supervisor writes every second)
@@ -272,7 +272,7 @@ def build_view(
         hidden_nodes=len(all_nodes) - len(nodes),
         verdict=health.Verdict(not problems, tuple(problems)),
         recent_lease_expiries=sum(n.snapshot.recent_lease_expiries for n in live if n.snapshot),
-        schedules=schedules,
+        schedules=with_errors(schedules, schedule_errors(live)),
     )
 
 
@@ -291,6 +291,17 @@ def _paused(pool: PoolSummary, pauses: tuple[Pause, ...]) -> PoolSummary:
         paused_kinds=() if whole else kinds,
         paused_since=iso(min(p.since for p in mine)),
     )
+
+
+def schedule_errors(nodes: Iterable[NodeView]) -> dict[str, dict[str, str]]:
+    """Node id -> schedule -> why its passes do not enqueue it, from live nodes' snapshots."""
+    out: dict[str, dict[str, str]] = {}
+    for n in nodes:
+        if n.live and n.snapshot is not None:
+            mine = {name: v.error for name, v in n.snapshot.schedules.items() if v.error}
+            if mine:
+                out[n.node_id] = mine
+    return out
 
 
 def age_level(oldest: float, target: float) -> str:

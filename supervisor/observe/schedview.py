@@ -3,10 +3,15 @@ schedules and the schedule rows (``Store.schedule_states``) read at the store's 
 
 A schedule's ``status``:
 
+- ``error``: a running supervisor's passes do not enqueue it (the database refuses its write,
+  or the pass itself fails), from the supervisors' snapshots (``with_errors``);
 - ``ok``: its ticks are decided on time, and the last tick's job did not die;
+- ``stuck``: the last tick's job is still queued past the next tick (nothing runs its pool,
+  or it waits for a retry): with ``overlap = "skip"`` no later tick is enqueued meanwhile;
 - ``failed``: the last tick's job is dead (the next tick still comes);
-- ``late``: a due tick has waited past its grace with no supervisor deciding it: none runs
-  with this schedule in its config (all stopped, or a rolling deploy that removed it);
+- ``late``: a due tick has waited past its grace (and ``schedules.LATE_AFTER``) with no
+  pass deciding it: no running supervisor has this schedule in its config (all stopped, or a
+  rolling deploy that removed it), or their passes fail or are held up;
 - ``waiting``: configured here, but no supervisor has run it yet (no row);
 - ``unconfigured``: a row in the database that this config does not name (removed, or
   another host's config): nothing here enqueues it.
@@ -15,19 +20,19 @@ A schedule's ``status``:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.model import JobState, ScheduleState, iso
-from supervisor.schedules import ScheduleSpec, lateness
+from supervisor.schedules import ScheduleSpec, lateness, stuck_for
 
-PROBLEMS = ("late", "failed")
+PROBLEMS = ("error", "late", "stuck", "failed")
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSummary:
     name: str
-    status: str  # ok, failed, late, waiting, unconfigured
+    status: str  # ok, error, late, stuck, failed, waiting, unconfigured
     kind: str = ""
     timing: str = ""
     policies: str = ""
@@ -37,8 +42,10 @@ class ScheduleSummary:
     last_success_at: float | None = None
     next_ticks: tuple[float, ...] = ()
     late_for: float = 0.0
+    stuck_for: float = 0.0  # the last tick's job queued this long past the next tick
     missed: int = 0  # ticks never enqueued (catch_up, overlap), fleet-wide
     created_at: float | None = None
+    error: str | None = None  # why a running supervisor does not enqueue it (its node named)
 
     @property
     def problem(self) -> bool:
@@ -48,8 +55,21 @@ class ScheduleSummary:
         """One short line, most important first: what is wrong, or when it last ran."""
         when = (iso(self.last_tick) or "")[:19]
         last = "no tick yet" if self.last_tick is None else f"last tick {when} job {self.last_job}"
+        if self.status == "error":
+            return f"not enqueued: {self.error}; {last}"
         if self.status == "late":
-            return f"{self.late_for:.0f}s late, no supervisor runs it; {last}"
+            return (
+                f"{self.late_for:.0f}s late: no pass decided its due tick (no running "
+                f"supervisor has it, or their passes fail or are held up); {last}"
+            )
+        if self.status == "stuck":
+            held = (
+                "no later tick is enqueued until it runs (overlap skip)"
+                if "overlap skip" in self.policies
+                else "later ticks queue behind it"
+            )
+            queued = f"its last job is still queued {self.stuck_for:.0f}s past the next tick"
+            return f"{queued}: {held}; {last}"
         if self.status == "failed":
             return f"its last job died: {last} dead"
         if self.status == "unconfigured":
@@ -69,8 +89,10 @@ class ScheduleSummary:
             "last_success_at": iso(self.last_success_at),
             "next_ticks": [iso(t) for t in self.next_ticks],
             "late_for": round(self.late_for, 3),
+            "stuck_for": round(self.stuck_for, 3),
             "missed": self.missed,
             "created_at": iso(self.created_at),
+            "error": self.error,
         }
 
 
@@ -85,17 +107,37 @@ def summarize(
     return tuple(out)
 
 
+def with_errors(
+    found: Sequence[ScheduleSummary], errors: Mapping[str, Mapping[str, str]]
+) -> tuple[ScheduleSummary, ...]:
+    """``found`` with the errors running supervisors report (node id -> schedule -> why,
+    from their snapshots): such a schedule's status is ``error``, naming the node."""
+    out = []
+    for s in found:
+        nodes = sorted(node for node, mine in errors.items() if s.name in mine)
+        if nodes:
+            more = f" and {len(nodes) - 1} more node(s)" if len(nodes) > 1 else ""
+            s = replace(
+                s, status="error", error=f"{errors[nodes[0]][s.name]} (node {nodes[0]}{more})"
+            )
+        out.append(s)
+    return tuple(out)
+
+
 def _summary(
     spec: ScheduleSpec | None, state: ScheduleState | None, now: float, ahead: int
 ) -> ScheduleSummary:
     last = state.last if state else None
     late = lateness(spec, state, now) if spec is not None else 0.0
+    stuck = stuck_for(spec, state, now) if spec is not None else 0.0
     if spec is None:
         status = "unconfigured"
     elif state is None:
         status = "waiting"
     elif late > 0:
         status = "late"
+    elif stuck > 0:
+        status = "stuck"
     elif last is not None and last.state == JobState.DEAD:
         status = "failed"
     else:
@@ -112,6 +154,7 @@ def _summary(
         last_success_at=state.latest_success() if state else None,
         next_ticks=spec.timing.next_ticks(now, ahead) if spec else (),
         late_for=late,
+        stuck_for=stuck,
         missed=state.missed if state else 0,
         created_at=state.created_at if state else None,
     )

@@ -158,6 +158,7 @@ class ScheduleView:
     late_for: float = 0.0  # seconds a due tick has waited past its grace, undecided
     missed: int = 0  # ticks never enqueued, fleet-wide, since the schedule was first seen
     ticks: dict[str, int] = field(default_factory=dict)
+    error: str | None = None  # why this node's passes do not enqueue it (refused, failing)
 
 
 @dataclass(frozen=True, slots=True)

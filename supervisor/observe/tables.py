@@ -37,7 +37,11 @@ def schedules_table(found: tuple[ScheduleSummary, ...], console: Console | None 
             str(s.missed),
             s.policies,
         )
-    _console(console).print(table if found else "no schedules")
+    out = _console(console)
+    out.print(table if found else "no schedules")
+    for s in found:
+        if s.status == "error":
+            out.print(f"! schedule {s.name}: {s.detail()}", markup=False, highlight=False)
 
 
 def jobs_table(found: list[Job], console: Console | None = None) -> None:

@@ -168,11 +168,11 @@ def reap_described(store: Any, read_at_most: int) -> tuple[ReapOutcome, list[Job
     return out, [r for r in rows if r is not None]
 
 
-def schedule_pass(store: Any, specs: Any) -> Any:
+def schedule_pass(store: Any, specs: Any, passes: Any = None) -> Any:
     """One pass over the schedules (supervisor/run/schedulepass.py: read, plan, advance)."""
     from supervisor.run import schedulepass
 
-    return schedulepass.schedule_pass(store, specs)
+    return schedulepass.schedule_pass(store, specs, passes)
 
 
 def observer_read(store: Any, pools: list[str], after_id: int | None) -> tuple[Any, Any]:

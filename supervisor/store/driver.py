@@ -42,7 +42,9 @@ def translated() -> Iterator[None]:
         if isinstance(exc, sa_exc.DataError | sa_exc.IntegrityError):
             raise StoreRejected(f"database refused the write: {one_line(exc)}") from exc
         raise StoreError(f"database error: {one_line(exc)}") from exc
-    except UnicodeError as exc:  # a value the driver cannot encode (a lone surrogate)
+    except (UnicodeError, OverflowError) as exc:
+        # a value the driver cannot encode: a lone surrogate, or an integer past 64 bits for
+        # sqlite3 (raised as it is, not as a driver error); the same write fails again
         raise StoreRejected(f"database driver refused a value: {one_line(exc)}") from exc
 
 

@@ -80,7 +80,9 @@ def _v4_postgres_partial_indexes(conn: Connection, dialect: str) -> None:
 
 
 def _v5_schedules(conn: Connection, dialect: str) -> None:
-    """The schedule rows and their recent ticks (supervisor/store/schedule_table.py)."""
+    """The schedule rows and their recent ticks (supervisor/store/schedule_table.py). The
+    rows' ``timing`` and ``timing_at`` were added to this migration rather than a sixth: no
+    release had it yet, so no database outside tests was made by the first version."""
     schema.metadata.create_all(conn, tables=[schema.schedules, schema.schedule_ticks])
 
 

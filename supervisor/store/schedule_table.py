@@ -10,16 +10,21 @@ then finds ``through`` moved and changes nothing; it reads the row again and pla
 Each tick's job also carries the idempotency key ``schedule:<name>:<tick>``: were a tick ever
 enqueued twice, the second insert would return the first job. The enqueue and the row's
 update commit together, so a crash between them cannot lose a tick or repeat one.
+
+A changed timing (``retime_schedule``): the row takes the new one, and ``through`` moves to
+now, as for a schedule seen for the first time, by a compare-and-set on the timing seen; the
+advance's compare-and-set includes the timing too, so a supervisor that planned by the old
+timing enqueues nothing once the row has the new one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, bindparam, delete, select, update
+from sqlalchemy import Connection, bindparam, case, delete, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.model import (
@@ -46,7 +51,7 @@ class ScheduleTable:
         ) -> Any: ...
         def _now(self) -> ColumnElement[float]: ...
         def _insert(self) -> Any: ...
-        def _insert_keyed(self, conn: Connection, job: NewJob) -> int: ...
+        def _insert_or_find(self, conn: Connection, job: NewJob) -> tuple[int, bool]: ...
         def _after_enqueue(self, conn: Connection, pools: set[str]) -> None: ...
         def _after_commit(self, pools: set[str]) -> None: ...
 
@@ -83,6 +88,8 @@ class ScheduleTable:
                 name=r.name,
                 created_at=float(r.created_at),
                 through=float(r.through),
+                timing=r.timing,
+                timing_at=float(r.timing_at),
                 last_tick=r.last_tick,
                 last_job_id=r.last_job_id,
                 missed=int(r.missed),
@@ -93,27 +100,64 @@ class ScheduleTable:
         }
         return ScheduleRead(now, states)
 
-    def register_schedules(self, names: Collection[str]) -> None:
-        """Rows for schedules seen for the first time, starting now (nothing before now is
-        due: a new schedule is not backfilled). An existing row is left as it is."""
-        if not names:
+    def register_schedules(self, timings: Mapping[str, str]) -> None:
+        """Rows for schedules seen for the first time (name -> timing fingerprint), starting
+        now (nothing before now is due: a new schedule is not backfilled). An existing row is
+        left as it is.
+
+        In name order: on PostgreSQL an insert waits on a row another transaction inserted
+        with the same key until that one ends, so two supervisors whose configs list the same
+        new schedules in different orders would each hold one and wait on the other (a
+        deadlock, one of them rolled back). In one order, the second waits holding nothing."""
+        if not timings:
             return
         with self._tx() as conn:
-            for name in names:
-                self._exec(conn, self._register_stmt, {"s_name": name})
+            for name in sorted(timings):
+                self._exec(conn, self._register_stmt, {"s_name": name, "s_timing": timings[name]})
 
     @cached_property
     def _register_stmt(self) -> Any:
         now = self._now()
         stmt = self._insert()(schedules).values(
-            name=bindparam("s_name"), created_at=now, through=now, updated_at=now
+            name=bindparam("s_name"),
+            created_at=now,
+            through=now,
+            timing=bindparam("s_timing"),
+            timing_at=now,
+            updated_at=now,
         )
         return stmt.on_conflict_do_nothing(index_elements=["name"])
+
+    def retime_schedule(self, name: str, expected: str, timing: str) -> bool:
+        """The schedule's timing changed from ``expected`` to ``timing``: the row takes it
+        and starts afresh now (``through`` = max(through, now): no tick of the new timing
+        before now is due), unless another supervisor changed the timing first (False)."""
+        with self._tx() as conn:
+            params = {"s_name": name, "s_expected": expected, "s_timing": timing}
+            return bool(self._exec(conn, self._retime_stmt, params).rowcount)
+
+    @cached_property
+    def _retime_stmt(self) -> Any:
+        now = self._now()
+        return (
+            update(schedules)
+            .where(
+                schedules.c.name == bindparam("s_name"),
+                schedules.c.timing == bindparam("s_expected"),
+            )
+            .values(
+                timing=bindparam("s_timing"),
+                timing_at=now,
+                through=case((schedules.c.through < now, now), else_=schedules.c.through),
+                updated_at=now,
+            )
+        )
 
     def advance_schedule(self, advance: ScheduleAdvance) -> AdvanceOutcome:
         """Decide a schedule's ticks up to ``advance.through`` and enqueue its jobs, in one
         transaction, only if the row still says ``advance.expected`` (module docstring)."""
         enqueued: list[tuple[float, int]] = []
+        adopted: list[float] = []  # ticks whose key named a job there already
         pools = {job.pool for _, job in advance.jobs}
         with self._tx() as conn:
             moved = self._exec(
@@ -124,18 +168,22 @@ class ScheduleTable:
                     "s_expected": advance.expected,
                     "s_through": advance.through,
                     "s_missed": advance.missed,
+                    "s_timing": advance.timing,
                 },
             )
             if moved.rowcount != 1:
                 return AdvanceOutcome(took=False)
             for tick, job in advance.jobs:
-                enqueued.append((tick, self._insert_keyed(conn, job)))
+                job_id, inserted = self._insert_or_find(conn, job)
+                enqueued.append((tick, job_id))
+                if not inserted:
+                    adopted.append(tick)
             if enqueued:
                 self._record_ticks(conn, advance.name, enqueued)
                 self._after_enqueue(conn, pools)
         if enqueued:
             self._after_commit(pools)
-        return AdvanceOutcome(took=True, enqueued=tuple(enqueued))
+        return AdvanceOutcome(took=True, enqueued=tuple(enqueued), adopted=tuple(adopted))
 
     @cached_property
     def _advance_stmt(self) -> Any:
@@ -144,6 +192,7 @@ class ScheduleTable:
             .where(
                 schedules.c.name == bindparam("s_name"),
                 schedules.c.through == bindparam("s_expected"),
+                schedules.c.timing == bindparam("s_timing"),
             )
             .values(
                 through=bindparam("s_through"),

@@ -193,14 +193,17 @@ retry_budget = Table(
 
 # Schedules (migration 5; supervisor/store/schedule_table.py). One row per schedule name:
 # ``through`` is the compare-and-set point every supervisor advances (each tick at or before
-# it is decided), ``last_tick`` / ``last_job_id`` the latest tick enqueued. Ticks are Unix
-# seconds like every other time column.
+# it is decided), ``last_tick`` / ``last_job_id`` the latest tick enqueued, ``timing`` the
+# timing its ticks are decided by (``Timing.fingerprint``) and ``timing_at`` when it was set:
+# a changed timing starts afresh then. Ticks are Unix seconds like every other time column.
 schedules = Table(
     "fleetd_schedules",
     metadata,
     Column("name", String(200), primary_key=True),
     Column("created_at", _Time, nullable=False),  # first seen: no tick before it is due
     Column("through", _Time, nullable=False),
+    Column("timing", Text, nullable=False),
+    Column("timing_at", _Time, nullable=False),
     Column("last_tick", _Time),
     Column("last_job_id", BigInteger),
     Column("missed", BigInteger, nullable=False, server_default=text("0")),

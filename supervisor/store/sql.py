@@ -251,11 +251,16 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         return keyed.returning(jobs.c.id)
 
     def _insert_keyed(self, conn: Connection, job: NewJob) -> int:
+        return self._insert_or_find(conn, job)[0]
+
+    def _insert_or_find(self, conn: Connection, job: NewJob) -> tuple[int, bool]:
+        """The keyed job's id, and whether this inserted it (False: the key named a job that
+        was there already, which is returned unchanged)."""
         inserted = self._exec(conn, self._insert_keyed_stmt, job_params(job)).scalar()
         if inserted is not None:
-            return int(inserted)
+            return int(inserted), True
         found = select(jobs.c.id).where(jobs.c.kind == job.kind, jobs.c.key == job.key)
-        return int(conn.execute(found).scalar_one())
+        return int(conn.execute(found).scalar_one()), False
 
     # ---- claim and the lease ------------------------------------------------------------
 

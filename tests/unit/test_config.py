@@ -619,6 +619,8 @@ SCHEDULE_ERRORS = [
     ('cron = "0 2 * * *"\nevery = "1h"\n', "schedules.nightly.every", ["both cron and every"]),
     ('every = "1.5s"\n', "schedules.nightly.every", ["whole number of seconds"]),
     ('every = "0s"\n', "schedules.nightly.every", ["is zero"]),
+    ('every = "367d"\n', "schedules.nightly.every", ["367 days is too long", "366 days"]),
+    ('every = "3000000d"\n', "schedules.nightly.every", ["3000000 days is too long"]),
     (
         'cron = "0 2 * * *"\ntimezone = "Europe/Pariss"\n',
         "schedules.nightly.timezone",
@@ -627,6 +629,8 @@ SCHEDULE_ERRORS = [
     ('every = "1h"\ntimezone = "Europe/Paris"\n', "schedules.nightly.timezone", ["with every"]),
     ('every = "1h"\ncatch_up = "twice"\n', "schedules.nightly.catch_up", ["'twice'"]),
     ('every = "1h"\ncatch_up_max = 0\n', "schedules.nightly.catch_up_max", ["too small"]),
+    ('every = "1h"\ncatch_up_max = 1001\n', "schedules.nightly.catch_up_max", ["<= 1000"]),
+    ('every = "1h"\ncatch_up_max = 100000000\n', "schedules.nightly.catch_up_max", ["too large"]),
     ('every = "1h"\noverlap = "queue"\n', "schedules.nightly.overlap", ["'queue'"]),
     ('every = "1h"\npayload = [1]\n', "schedules.nightly.payload", ["not a table"]),
     (
@@ -636,6 +640,10 @@ SCHEDULE_ERRORS = [
     ),
     ('every = "1h"\npayload = { at = 1979-05-27 }\n', "schedules.nightly.payload", ["not JSON"]),
     ('every = "1h"\npriority = "high"\n', "schedules.nightly.priority", ["not an integer"]),
+    # what the database's columns hold (PostgreSQL refuses more: int4, varchar(200))
+    ('every = "1h"\npriority = 2147483648\n', "schedules.nightly.priority", ["out of range"]),
+    ('every = "1h"\npriority = -2147483649\n', "schedules.nightly.priority", ["-2147483648"]),
+    (f'every = "1h"\ntenant = "{"t" * 201}"\n', "schedules.nightly.tenant", ["201 characters"]),
     ('every = "1h"\ncronn = "x"\n', "schedules.nightly.cronn", ["did you mean 'cron'"]),
 ]
 
@@ -655,3 +663,19 @@ def test_schedule_of_an_unknown_kind(tmp_path: Path) -> None:
     assert message.startswith("schedules.nightly.kind: 'render' is not a kind of any pool")
     assert "'reindex'" in message
     assert error(tmp_path, REINDEX + "[schedules]\nx = 1\n").startswith("schedules.x: 1 is not")
+
+
+def test_schedule_values_at_the_database_s_limits(tmp_path: Path) -> None:
+    at_limits = f'every = "1h"\npriority = 2147483647\ntenant = "{"t" * 200}"\n'
+    (spec,) = load(tmp_path, schedule(at_limits + "catch_up_max = 1000\n")).schedule_specs()
+    assert spec.priority == 2**31 - 1 and spec.tenant == "t" * 200
+    assert spec.catch_up_max == 1000
+    (yearly,) = load(tmp_path, schedule('every = "366d"\n')).schedule_specs()
+    assert yearly.timing.every == 366 * 86400
+    assert load(tmp_path, schedule('every = "1h"\npriority = -2147483648\n')).schedules
+    name = "n" * 200
+    named = REINDEX + f'[schedules.{name}]\nkind = "reindex"\nevery = "1h"\n'
+    assert list(load(tmp_path, named).schedules) == [name]
+    message = error(tmp_path, named.replace(name, name + "n"))
+    assert message.startswith("schedules: 'nnnnnnnnnnnnnnnnnnnn'... is 201 characters long")
+    assert "at most 200" in message and "\n" not in message

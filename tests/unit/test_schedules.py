@@ -11,8 +11,10 @@ import pytest
 from cronsim import CronSim
 
 from supervisor.clock import FakeClock
-from supervisor.model import JobState, ScheduleState, TickJob
+from supervisor.model import JobState, ScheduleAdvance, ScheduleState, TickJob
 from supervisor.schedules import (
+    CATCH_UP_MAX,
+    LATE_AFTER,
     MISFIRE,
     SCAN_CAP,
     ScheduleSpec,
@@ -96,6 +98,99 @@ def test_dst_ticks_as_debian_cron_runs_them() -> None:
     )
 
 
+# ---- inside the repeated hour of a fall-back night ------------------------------------------
+# cronsim reads the wall time: started in the second pass of the repeated hour it first yields
+# the fixed-time tick of the first pass, already past. Nothing may come out before ``t``.
+
+PARIS, NEW_YORK = ZoneInfo("Europe/Paris"), ZoneInfo("America/New_York")
+
+
+def local(tz: ZoneInfo, *args: int, fold: int = 0) -> float:
+    return datetime(*args, fold=fold, tzinfo=tz).timestamp()  # type: ignore[misc]
+
+
+def utc(*args: int) -> float:
+    return datetime(*args, tzinfo=UTC).timestamp()  # type: ignore[misc]
+
+
+# (cron, zone, now: a wall time of the second pass) -> the next tick (UTC)
+IN_THE_REPEATED_HOUR = [
+    ("30 2 * * *", "Europe/Paris", (2024, 10, 27, 2, 10), utc(2024, 10, 28, 1, 30)),
+    ("30 2 * * *", "Europe/Paris", (2024, 10, 27, 2, 0), utc(2024, 10, 28, 1, 30)),
+    ("30 2 * * *", "Europe/Paris", (2024, 10, 27, 2, 29), utc(2024, 10, 28, 1, 30)),
+    ("50 1 * * *", "America/New_York", (2024, 11, 3, 1, 10), utc(2024, 11, 4, 6, 50)),
+    ("50 1 * * *", "America/New_York", (2024, 11, 3, 1, 49), utc(2024, 11, 4, 6, 50)),
+    # ticks that the second pass has do come (hourly, every quarter hour)
+    ("0 * * * *", "Europe/Paris", (2024, 10, 27, 2, 10), utc(2024, 10, 27, 2, 0)),
+    ("*/15 * * * *", "Europe/Paris", (2024, 10, 27, 2, 10), utc(2024, 10, 27, 1, 15)),
+]
+
+
+@pytest.mark.parametrize(("expr", "tz", "wall", "expected"), IN_THE_REPEATED_HOUR)
+def test_the_next_tick_from_inside_the_repeated_hour_is_later(
+    expr: str, tz: str, wall: tuple[int, ...], expected: float
+) -> None:
+    t = Timing.of(expr, None, tz)
+    now = local(ZoneInfo(tz), *wall, fold=1)
+    assert t.after(now) == expected > now
+    assert t.next_ticks(now, 1) == (expected,)
+    assert lateness(spec(t), state(now), now + 60) == 0.0
+
+
+@pytest.mark.parametrize(("expr", "tz", "wall", "expected"), IN_THE_REPEATED_HOUR)
+def test_nothing_before_through_is_due_from_inside_the_repeated_hour(
+    expr: str, tz: str, wall: tuple[int, ...], expected: float
+) -> None:
+    """A schedule registered (or last decided) in the second pass: no tick from before it."""
+    t = Timing.of(expr, None, tz)
+    now = local(ZoneInfo(tz), *wall, fold=1)
+    count, ticks = t.due(now, now + 60, keep=5)
+    assert (count, ticks) == ((1, (expected,)) if expected <= now + 60 else (0, ()))
+    p = plan(spec(t), state(now), now + 60)
+    assert p.next_tick is not None and p.next_tick > now + 60
+    assert p.through is None or p.through > now
+    assert all(tick > now for tick in p.enqueue)
+
+
+def test_a_fall_back_night_of_passes_enqueues_each_tick_once_in_order() -> None:
+    """Passes every 7 s through New York's fall-back night: every tick once, in order,
+    ``through`` only forward, and each next tick after the pass's now."""
+    daily = spec(Timing.of("50 1 * * *", None, "America/New_York"), overlap="allow")
+    quarter = spec(Timing.of("*/15 * * * *", None, "America/New_York"), overlap="allow")
+    start = local(NEW_YORK, 2024, 11, 3, 0, 30)
+    for s, expected in [
+        (daily, [utc(2024, 11, 3, 5, 50)]),
+        (quarter, [start + 900 * k for k in range(1, 13)]),  # 00:45 EDT .. 02:15 EST
+    ]:
+        st, enqueued = state(start), []
+        passes = range(int(start) + 7, int(start) + 3 * 3600 + 8, 7)
+        for now in passes:
+            p = plan(s, st, now)
+            assert p.next_tick is not None and p.next_tick > now
+            enqueued += p.enqueue
+            if p.through is not None:
+                assert p.through > st.through
+                st = replace(st, through=p.through)
+        assert enqueued == expected, s.timing
+
+
+@pytest.mark.parametrize("tz", [PARIS, NEW_YORK])
+@pytest.mark.parametrize("expr", ["30 2 * * *", "50 1 * * *", "0 * * * *", "*/20 1-3 * * *"])
+def test_around_both_dst_changes_ticks_only_move_forward(expr: str, tz: ZoneInfo) -> None:
+    """From every 10 minutes of both DST nights: the next tick is later, and the ticks a
+    pass finds due are the ones ``after`` walks through."""
+    t = Timing.of(expr, None, str(tz))
+    nights = [datetime(2024, 3, 31, tzinfo=tz), datetime(2024, 3, 10, tzinfo=tz)]
+    nights += [datetime(2024, 10, 27, tzinfo=tz), datetime(2024, 11, 3, tzinfo=tz)]
+    for night in nights:
+        for k in range(0, 6 * 6):
+            now = night.timestamp() + 600 * k
+            walked = t.next_ticks(now, 8)
+            assert walked[0] > now and list(walked) == sorted(set(walked))
+            count, due = t.due(now, walked[-1], keep=8)
+            assert due == walked and count == 8
+
+
 def test_a_gap_longer_than_the_scan_counts_at_least_the_cap_and_keeps_the_newest() -> None:
     t = Timing.of("* * * * * *", None)  # every second
     count, latest = t.due(T0, T0 + 2 * SCAN_CAP + 0.5, keep=3)
@@ -112,6 +207,7 @@ def test_a_gap_longer_than_the_scan_counts_at_least_the_cap_and_keeps_the_newest
         ("0 2 * * *", None, "Mars/Olympus", "not a time zone"),
         (None, 1.5, "UTC", "whole number of seconds"),
         (None, 0.5, "UTC", "whole number of seconds"),
+        (None, 367 * 86400, "UTC", "367 days is too long"),
         ("* * * * *", 60, "UTC", "exactly one"),
         (None, None, "UTC", "exactly one"),
     ],
@@ -208,4 +304,112 @@ def test_lateness_says_how_long_a_due_tick_waited_undecided() -> None:
     assert lateness(s, None, T0 + 100) == 0.0
     assert lateness(s, state(T0), T0 + 9) == 0.0
     assert lateness(s, state(T0), T0 + 15) == 0.0  # within one period of tick T0 + 10
-    assert lateness(s, state(T0), T0 + 45) == 25.0
+    assert lateness(s, state(T0), T0 + 10 + LATE_AFTER) == 0.0  # a pass may be this late
+    assert lateness(s, state(T0), T0 + 45) == 45 - 10 - LATE_AFTER
+    hourly = spec(Timing.of("0 * * * *", None))  # its grace is MISFIRE, above the floor
+    assert lateness(hourly, state(T0 - 1), T0 + MISFIRE + 5) == 5.0
+
+
+def test_a_short_period_is_not_late_while_a_pass_is_held_up() -> None:
+    """every = "1s": a pass 10 s late (a chore ahead of it, a store backoff) is not a late
+    schedule in ``fleetd status``; 20 s is."""
+    s = spec(Timing.of(None, 1))
+    assert LATE_AFTER > 10
+    assert lateness(s, state(T0), T0 + 10.5) == 0.0
+    assert lateness(s, state(T0), T0 + 1 + LATE_AFTER + 4) == 4.0
+
+
+# (catch_up, overlap, seconds since through, the previous pass's now as an offset from
+#   through) -> (enqueued, as offsets from through, on_time, late, missed, skipped)
+# every 10 s, through T0, now T0 + gap + 0.3
+HELD_UP = [
+    # the previous pass 60 s ago saw through: every tick since came while it was passing
+    ("skip", "allow", 60, 0.3, ((10, 20, 30, 40, 50, 60), 6, 0, 0, 0)),
+    ("once", "allow", 60, 0.3, ((10, 20, 30, 40, 50, 60), 6, 0, 0, 0)),
+    # it passed at +25 (ticks 10 and 20 were somebody else's and not decided: missed)
+    ("skip", "allow", 60, 25, ((30, 40, 50, 60), 4, 0, 2, 0)),
+    ("once", "allow", 60, 25, ((20, 30, 40, 50, 60), 4, 1, 1, 0)),
+    # overlap skip: still one a pass, the newest; the others are skipped, not missed
+    ("skip", "skip", 60, 0.3, ((60,), 1, 0, 0, 5)),
+    # the previous pass more than MISFIRE ago (the store away for long): downtime
+    ("skip", "allow", 70, 0.3, ((70,), 1, 0, 6, 0)),
+    ("all", "allow", 70, 0.3, ((40, 50, 60, 70), 1, 3, 3, 0)),
+]
+
+
+@pytest.mark.parametrize(("catch_up", "overlap", "gap", "since", "expected"), HELD_UP)
+def test_ticks_due_since_this_supervisor_s_previous_pass_are_on_time(
+    catch_up: str, overlap: str, gap: float, since: float, expected: tuple
+) -> None:
+    """A running supervisor whose pass is held up did not miss the ticks that came
+    meanwhile: they are on time, whatever ``catch_up`` says about downtime."""
+    s = spec(catch_up=catch_up, catch_up_max=3, overlap=overlap)
+    p = plan(s, state(T0), T0 + gap + 0.3, since=T0 + since)
+    enqueued, on_time, late, missed, skipped = expected
+    assert p.enqueue == tuple(T0 + e for e in enqueued)
+    assert (p.on_time, p.late, p.missed, p.skipped) == (on_time, late, missed, skipped)
+    assert p.through == T0 + gap
+
+
+def test_passes_held_up_for_up_to_a_minute_miss_no_tick() -> None:
+    """every = "1s", catch_up = "skip": passes held up 0-55 s (fake clock); each carries the
+    previous pass's now. Every tick is enqueued once, none counted missed."""
+    clock = FakeClock(T0)
+    s = spec(Timing.of(None, 1), catch_up="skip", overlap="allow")
+    st, since, enqueued = state(T0), None, []
+    for step in [0.004, 1.0, 7.3, 30.0, 0.5, 55.0, 2.2, 14.9] * 20:
+        clock.advance(step)
+        p = plan(s, st, clock.now(), since)
+        enqueued += p.enqueue
+        assert p.missed == 0 and p.skipped == 0, step
+        if p.through is not None:
+            st = replace(st, through=p.through)
+        since = clock.now()
+    assert enqueued == [T0 + k for k in range(1, int(clock.now() - T0) + 1)]
+
+
+def test_an_advance_only_moves_through_forward() -> None:
+    assert ScheduleAdvance("sync", T0, T0 + 10).through == T0 + 10
+    for through in (T0, T0 - 10):
+        with pytest.raises(ValueError, match="goes back or stays"):
+            ScheduleAdvance("sync", T0, through)
+    with pytest.raises(ValueError, match="negative missed"):
+        ScheduleAdvance("sync", T0, T0 + 10, missed=-1)
+
+
+@pytest.mark.parametrize(
+    "timing", [Timing.of("* * * * * *", None), Timing.of("* * * * *", None, "Europe/Paris")]
+)
+def test_the_largest_catch_up_after_a_gap_past_the_scan_counts_no_negative_miss(
+    timing: Timing,
+) -> None:
+    """catch_up_max at its bound (1000, below SCAN_CAP): a year down enqueues the latest 1000
+    and the current tick, and counts at least the rest of the scan as missed, never < 0."""
+    s = spec(timing, catch_up="all", catch_up_max=CATCH_UP_MAX, overlap="allow")
+    year = 365 * 86400
+    p = plan(s, state(T0 - year), T0 + 0.5)
+    assert CATCH_UP_MAX < SCAN_CAP
+    assert len(p.enqueue) == CATCH_UP_MAX + 1 and p.enqueue[-1] == T0
+    assert p.missed == SCAN_CAP - CATCH_UP_MAX - 1 and p.late == CATCH_UP_MAX
+
+
+def test_every_catches_up_at_most_catch_up_max_ticks_in_one_pass() -> None:
+    s = spec(Timing.of(None, 1), catch_up="all", catch_up_max=CATCH_UP_MAX, overlap="allow")
+    p = plan(s, state(T0 - 30 * 86400), T0 + 0.5)
+    assert len(p.enqueue) == CATCH_UP_MAX + 1
+    assert p.missed == 30 * 86400 - CATCH_UP_MAX - 1  # the current tick is on time
+
+
+@pytest.mark.parametrize("bad", [0, -1, CATCH_UP_MAX + 1, 10**6])
+def test_a_spec_refuses_a_catch_up_max_outside_its_bounds(bad: int) -> None:
+    with pytest.raises(ValueError, match="catch_up_max"):
+        spec(catch_up_max=bad)
+
+
+def test_the_fingerprint_names_the_timing_once_however_it_is_spelt() -> None:
+    """The schedule row keeps it: a change starts the schedule afresh, a respelling must not."""
+    paris = Timing.of("0  2 * *\t*", None, "Europe/Paris")
+    assert paris.fingerprint() == 'cron "0 2 * * *" (Europe/Paris)' == paris.describe()
+    assert paris.fingerprint() == Timing.of("0 2 * * *", None, "Europe/Paris").fingerprint()
+    assert Timing.of(None, 300).fingerprint() == "every 300s"
+    assert Timing.of("0 2 * * *", None).fingerprint() != paris.fingerprint()
