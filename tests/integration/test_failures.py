@@ -143,4 +143,6 @@ def test_a_hang_the_supervisor_cannot_kill_ends_by_its_workers_own_alarm(
     assert job.state == JobState.DEAD and job.error_kind == ErrorKind.TIMEOUT, job
     (run,) = fleet.executions(job_id)
     assert job.finished_at is not None
-    assert TIMEOUT + 3.0 <= job.finished_at - run["start"] <= TIMEOUT + 3.0 + 1.0, job
+    # the alarm is armed just before the handler records its start (a few ms later on a
+    # loaded host), so the end is measured from the start with that much slack below
+    assert TIMEOUT + 3.0 - 0.1 <= job.finished_at - run["start"] <= TIMEOUT + 3.0 + 1.0, job
