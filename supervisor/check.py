@@ -5,6 +5,7 @@ The plan is a plain dict (``--json`` prints it as is); ``render_plan`` makes it 
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from supervisor import host
@@ -18,6 +19,7 @@ from supervisor.schedules import describe
 from supervisor.store import display_url
 from supervisor.units import format_duration, format_size
 from workers import limits
+from workers.command import CommandSpec
 
 
 def plan_for(config_path: str) -> dict[str, Any]:
@@ -126,6 +128,18 @@ def _pool_plan(config: FleetConfig, name: str) -> dict[str, Any]:
         "lease": pool.lease,
         "heartbeat": pool.heartbeat,
         "max_deliveries": pool.max_deliveries,
+        "commands": _command_plan(pool.handlers),
+    }
+
+
+def _command_plan(handlers: Any) -> dict[str, dict[str, Any]]:
+    """Each command kind's argv and where its program is found on PATH (None: not found;
+    its jobs would fail until it is installed). PATH is this process's: run check in the
+    environment fleetd starts in."""
+    return {
+        kind: {"command": list(spec.argv), "program": shutil.which(spec.program)}
+        for kind, spec in handlers.items()
+        if isinstance(spec, CommandSpec)
     }
 
 
@@ -148,6 +162,9 @@ def render_plan(plan: dict[str, Any]) -> str:
         )
         lines.append(f"    sizing: {_render_sizing(p['sizing'])}")
         lines.append(f"    memory: {_render_memory(p['memory'])}")
+        for kind, c in p.get("commands", {}).items():
+            found = f"found at {c['program']}" if c["program"] else "NOT FOUND on PATH"
+            lines.append(f"    command {kind}: {c['command'][0]} {found}")
     for name, s in plan.get("schedules", {}).items():
         lines.append(
             f"  schedule {name}: {s['kind']} (pool {s['pool']}) {s['timing']}; {s['policies']}"

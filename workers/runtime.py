@@ -52,7 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from workers import context, exitcodes, limits, privileges, proctitle, protocol
+from workers import context, exitcodes, limits, privileges, proctitle, protocol, tree
+from workers.command import CommandHandler
 from workers.errors import SoftTimeout, one_line
 from workers.handlers import Handler
 from workers.outcome import MAX_TEXT, Outcome, call
@@ -149,6 +150,7 @@ class _Worker:
         self.alarm_armed = False  # the deadline alarm runs (disarmed before waiting for work)
         self.rss_cap: int | None = spec.recycle_rss  # lowered after the first job
         self.pid = os.getpid()
+        self.subreaper = False  # PR_SET_CHILD_SUBREAPER took
         self.reader = protocol.FrameReader(spec.max_frame)
         self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
         self.poller = select.poll()
@@ -167,6 +169,9 @@ class _Worker:
         if os.getppid() != self.spec.parent_pid:
             raise _Exit(exitcodes.PARENT_GONE, "the parent exited before PDEATHSIG was set")
         self._apply_limits()
+        # the job's processes that lose their parent (a daemon: double fork, setsid) come
+        # to this worker, not init: counted, and killed when the job ends (workers.tree)
+        self.subreaper = tree.become_subreaper()
         if self.spec.hard_deadline is not None:
             try:
                 self.alarm = limits.DeadlineAlarm()
@@ -324,13 +329,17 @@ class _Worker:
             context.JobContext(job.job_id, job.kind, job.attempt, job.deadline, spec.pool)
         )
         try:
-            outcome = call(_soft_timeout_window(handler), payload)
+            if isinstance(handler, CommandHandler):
+                outcome = handler.run(payload)  # its own deadline and kill ladder
+            else:
+                outcome = call(_soft_timeout_window(handler), payload)
         finally:
             if os.getpid() != self.pid:
                 # A handler forked and its child returned here: two processes must never
                 # share the parent's connection. The copy leaves without a word.
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
+            tree.end_all()  # nothing the job started outlives it (workers.tree)
             if not (self.inbox and isinstance(self.inbox[0], protocol.RunJob)):
                 self._idle_title()  # before the result goes out: nothing queued behind it
         return self._reply(job, outcome)
@@ -341,7 +350,7 @@ class _Worker:
             return self._failed(job, outcome)
         try:
             text = json.dumps(outcome.result, allow_nan=False)
-            done = protocol.JobDone(job.job_id, text, outcome.duration, limits.peak_rss())
+            done = protocol.JobDone(job.job_id, text, outcome.duration, _peak(outcome))
             return protocol.encode(done, self.spec.max_frame)
         except (TypeError, ValueError, RecursionError) as exc:
             why = f"result is not JSON-serialisable: {one_line(exc)}"
@@ -356,7 +365,7 @@ class _Worker:
 
     def _failed(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
         """Encode a JobFailed frame, adding the cap and the peak to a memory_limit message."""
-        peak = limits.peak_rss()
+        peak = _peak(outcome)
         message = outcome.message
         if outcome.error_kind == protocol.MEMORY_LIMIT:
             message += self._memory_detail(peak)
@@ -415,6 +424,14 @@ class _Worker:
             f"RSS {rss // MIB} MiB after the job is near memory_limit {limit // MIB} MiB "
             "(a leak?): replaced before it must be killed mid-job"
         )
+
+
+def _peak(outcome: Outcome) -> int | None:
+    """The job's peak: the worker's VmHWM, plus its program's for a command handler."""
+    peak = limits.peak_rss()
+    if outcome.child_peak and peak is not None:
+        return peak + outcome.child_peak
+    return peak
 
 
 def _raise_soft_timeout(signum: int, frame: object) -> None:

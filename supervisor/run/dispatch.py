@@ -337,7 +337,7 @@ class Dispatcher:
                 self._job_over(pool, worker, msg.duration, now)
                 return
             message = storable_message(msg.message)  # a handler's text: NUL, surrogates, size
-            if kind is ErrorKind.TIMEOUT:
+            if kind is ErrorKind.TIMEOUT and soft == msg.job_id:  # else a command's own stop
                 message = (
                     f"ran past its timeout of {format_duration(pool.config.timeout)}; "
                     "the handler stopped on SoftTimeout"

@@ -1,0 +1,158 @@
+"""A worker's process tree: the subreaper, the job's processes, their memory, their end.
+
+The worker makes itself a *child subreaper* (``PR_SET_CHILD_SUBREAPER``, Linux 3.4): a process
+a job started that loses its parent is re-parented to the worker instead of to init. So a
+daemon a job leaves behind (double fork, ``setsid``) is still the worker's descendant, found by
+walking ``/proc/<pid>/task/<tid>/children`` (every thread's children: a handler's thread may
+start processes too), counted by the parent's watchdog, and killed when the job ends. A worker
+runs one job at a time, so every descendant of a worker belongs to the job it runs.
+
+What it cannot do:
+- A process that escapes the tree (a ``setsid`` daemon whose worker was SIGKILLed goes to the
+  supervisor, which is a subreaper too and kills it; if the supervisor itself is SIGKILLed
+  at the same moment, it goes to init and lives on: only a cgroup holds it then).
+- Walking ``/proc`` races with forks: a process forked after its parent's ``children`` file
+  was read is missed by that walk. ``end_all`` walks again until a walk finds nothing.
+- ``children`` files need ``CONFIG_PROC_CHILDREN`` (on in every mainstream kernel); without
+  them the tree is the worker alone (``descendants`` returns [] and ``supports_walk`` False).
+
+Parent and child both use it: the parent reads the tree's memory (``tree_memory``) and kills
+what a dead worker left (``end_all(root=...)``). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+PR_SET_CHILD_SUBREAPER = 36
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants; False where prctl cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (of every thread of it); [] when it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every descendant of ``pid`` (default: this process), parents before their children."""
+    root = os.getpid() if pid is None else pid
+    out: list[int] = []
+    todo = [root]
+    seen = {root}
+    while todo:
+        for child in children(todo.pop()):
+            if child not in seen:  # a recycled pid cannot loop the walk
+                seen.add(child)
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def supports_walk() -> bool:
+    """Whether this kernel has ``/proc/<pid>/task/<tid>/children``."""
+    pid = os.getpid()
+    return os.path.exists(f"/proc/{pid}/task/{pid}/children")
+
+
+def signal_all(pids: list[int], sig: int) -> int:
+    """Send ``sig`` to each of ``pids``; how many were still there to receive it."""
+    sent = 0
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            sent += 1
+    return sent
+
+
+def end_all(root: int | None = None, rounds: int = 8) -> int:
+    """SIGKILL every descendant of ``root`` (default: this process) until a walk finds none,
+    and, for this process's own tree, reap them. Returns how many were killed. Bounded: a
+    fork bomb faster than the walk is left to RLIMIT_NPROC and the worker's own end."""
+    killed = 0
+    for _ in range(rounds):
+        found = descendants(root)
+        if not found:
+            break
+        # stop them first, so none forks between the walk and its kill
+        signal_all(found, signal.SIGSTOP)
+        killed += signal_all(found, signal.SIGKILL)
+        if root is None:
+            reap()
+    if root is None:
+        reap()
+    return killed
+
+
+def reap() -> list[tuple[int, int]]:
+    """Reap every child of this process that has exited (the job's strays adopted by the
+    subreaper, and the job's own children once killed); (pid, status) of each."""
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        if pid == 0:
+            return out
+        out.append((pid, status))
+
+
+def process_memory(pid: int) -> int | None:
+    """Proportional set size of ``pid`` in bytes (``/proc/<pid>/smaps_rollup``: shared pages
+    divided among the processes that map them, so a forked child and its parent do not count
+    the pages they share twice); its RSS where smaps_rollup is missing; None when gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return _statm_rss(pid)
+    except OSError:
+        return None
+    start = data.find(b"\nPss:")
+    if start < 0:
+        return _statm_rss(pid)
+    return int(data[start + 5 : data.index(b"kB", start)]) * 1024
+
+
+def _statm_rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def tree_memory(pid: int, own: int | None) -> tuple[int | None, int]:
+    """The memory of ``pid``'s whole tree: ``own`` (the root's figure, as the caller
+    measures it) plus each descendant's ``process_memory``; and how many descendants there
+    were. One ``children`` read per thread when the root has no descendants."""
+    if own is None:
+        return None, 0
+    found = descendants(pid)
+    total = own
+    for child in found:
+        total += process_memory(child) or 0
+    return total, len(found)
