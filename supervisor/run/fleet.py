@@ -59,7 +59,7 @@ from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
 from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
 from supervisor.store.wake import CONTROLS_WAKE
-from workers import exitcodes, protocol
+from workers import exitcodes, protocol, tree
 
 log = logging.getLogger("fleetd.supervisor")
 
@@ -180,6 +180,8 @@ class Fleet:
             fleet=self.config.name,
         )
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
+        # a daemon whose worker was killed comes to us, not init: end_strays kills it
+        tree.become_subreaper()
         self.memcg.start()
         if self.metrics is not None:
             self.metrics.attach(self.loop)
@@ -374,6 +376,7 @@ class Fleet:
                 # unlinks what the job left in /dev/shm once the worker is gone)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(info.si_pid, signal.SIGKILL)
+                self.end_strays()
             pid, status = os.waitpid(info.si_pid, 0)
             process = next((p for p in self.processes if p.pid == pid), None)
             if process is not None:
@@ -383,6 +386,17 @@ class Fleet:
                 worker = pool.workers.get(pid)
                 if worker is not None:
                     self.worker_exited(pool, worker, status, now)
+
+    def end_strays(self) -> None:
+        """Kill what a dead worker's job left that escaped its process group (a daemon that
+        called setsid): the supervisor is a subreaper, so it was re-parented to us. Any child
+        that is neither a worker nor a store process is such a stray."""
+        known = {pid for p in self.pools.values() for pid in p.workers}
+        known.update(p.pid for p in self.processes if p.pid is not None)
+        for pid in tree.children(self.pid):
+            if pid not in known:
+                tree.end_all(root=pid)
+                tree.signal_all([pid], signal.SIGKILL)
 
     def worker_exited(self, pool: Pool, worker: WorkerHandle, status: int, now: float) -> None:
         assert self.loop is not None
