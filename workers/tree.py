@@ -13,6 +13,9 @@ What it cannot do:
   at the same moment, it goes to init and lives on: only a cgroup holds it then).
 - Walking ``/proc`` races with forks: a process forked after its parent's ``children`` file
   was read is missed by that walk. ``end_all`` walks again until a walk finds nothing.
+- Threads that C code starts (not Python's ``threading``) are not looked at after a job when
+  no Python thread runs besides the main one: a process such a thread started and left is
+  then found only once it loses its parent (it comes to the subreaper's main thread).
 - ``children`` files need ``CONFIG_PROC_CHILDREN`` (on in every mainstream kernel); without
   them the tree is the worker alone (``descendants`` returns [] and ``supports_walk`` False).
 
@@ -26,6 +29,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import threading
 
 PR_SET_CHILD_SUBREAPER = 36
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -38,6 +42,29 @@ def become_subreaper() -> bool:
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+# This process's main thread's ``children`` file, kept open: (pid, fd). A fork re-opens it.
+_own_fd: tuple[int, int] | None = None
+
+
+def _own_children() -> list[int] | None:
+    """This process's children, cheaply (one pread, ~2 µs, where a full walk of the task
+    folder costs ~15 µs: it runs after every job). Only when no other Python thread runs:
+    a thread's children are in its own file. None: do the full walk."""
+    global _own_fd
+    if threading.active_count() > 1:
+        return None
+    pid = os.getpid()
+    if _own_fd is None or _own_fd[0] != pid:
+        try:
+            _own_fd = (pid, os.open(f"/proc/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            return None
+    try:
+        return [int(p) for p in os.pread(_own_fd[1], 65536, 0).split()]
+    except (OSError, ValueError):
+        return None
 
 
 def children(pid: int) -> list[int]:
@@ -59,11 +86,16 @@ def children(pid: int) -> list[int]:
 def descendants(pid: int | None = None) -> list[int]:
     """Every descendant of ``pid`` (default: this process), parents before their children."""
     root = os.getpid() if pid is None else pid
+    first = _own_children() if root == os.getpid() else None
+    if first == []:
+        return []
     out: list[int] = []
     todo = [root]
     seen = {root}
     while todo:
-        for child in children(todo.pop()):
+        parent = todo.pop()
+        found = first if parent == root and first is not None else children(parent)
+        for child in found:
             if child not in seen:  # a recycled pid cannot loop the walk
                 seen.add(child)
                 out.append(child)
