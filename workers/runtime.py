@@ -88,6 +88,9 @@ class WorkerSpec:
     user: str | int | None = None
     group: str | int | None = None
     max_frame: int = protocol.MAX_FRAME
+    # an fd on the cgroup.procs of the worker's memory cgroup, made by the parent before the
+    # fork: the worker joins it itself, first thing (None: no cgroup, or the parent moved it)
+    cgroup_fd: int | None = None
     # seconds after a job starts at which the worker ends itself (``limits.DeadlineAlarm``):
     # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
     # None: no alarm
@@ -160,6 +163,7 @@ class _Worker:
 
     def setup(self) -> None:
         """Everything between the fork and ``Ready``; failures exit SETUP_FAILED."""
+        self._join_cgroup()  # first: what the worker touches from here on is charged to it
         _reset_signals()
         os.set_blocking(self.fd, True)
         limits.set_pdeathsig(signal.SIGKILL)  # at once: covers the privilege drop below
@@ -179,6 +183,21 @@ class _Worker:
                 _say(self.spec, f"no deadline alarm ({exc}); the supervisor's kill only")
         proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
         self._send(protocol.Ready(os.getpid()))
+
+    def _join_cgroup(self) -> None:
+        """Write "0" (this process) to the cgroup.procs fd the parent prepared, and close it.
+        A refusal is said on stderr: the worker then runs without its cgroup (the rlimit
+        and the watchdog stay)."""
+        fd = self.spec.cgroup_fd
+        if fd is None:
+            return
+        try:
+            os.write(fd, b"0")
+        except OSError as exc:
+            _say(self.spec, f"could not join its memory cgroup: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _rss_cap(self, warm_rss: int | None) -> int | None:
         """The RSS after a job above which this worker is replaced: ``recycle_rss``, or lower,

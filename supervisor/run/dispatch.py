@@ -144,6 +144,8 @@ class Dispatcher:
             for w in pool.workers.values()
             if not _behind_long_job(w, now)  # nothing goes behind it: claim nothing for it
         ]
+        if pool.boot_failures == 0:  # one booting now takes a job the moment it is Ready
+            rooms += [Room(1, 0) for w in pool.workers.values() if w.state == WorkerState.STARTING]
         buffered = len(self.buffer[pool.name])
         want = claim_size(rooms, depth=depth, prefetch=pool.config.prefetch, buffered=buffered)
         if not want:
@@ -304,6 +306,9 @@ class Dispatcher:
         if isinstance(msg, protocol.Ready) and worker.state == WorkerState.STARTING:
             worker.state = WorkerState.IDLE
             pool.boot_failures = 0
+            if self.buffer[pool.name] and not self.draining:
+                self.assign(pool, now)  # claimed while it booted: a fresh worker per job
+                # waits for no pass
         elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
             try:
                 result = storable_result(msg.result)

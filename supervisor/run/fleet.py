@@ -275,21 +275,37 @@ class Fleet:
 
     def spawn(self, now: float) -> None:
         """Fork up to each pool's target, a small random stagger apart (forty cold starts at
-        once are a load spike of their own); retire idle workers above it."""
+        once are a load spike of their own), except a replacement for a worker that retired
+        after its job (max_jobs_per_worker, recycle_rss): forked at once, since a pool that
+        recycles after every job would otherwise wait for the stagger on every job. Retire
+        idle workers above the target."""
         if self.drain.active:
             return
         for pool in self.pools.values():
             if pool.spawn_due(now):
+                replacing = pool.take_replacement()  # for a worker that retired: no stagger
                 self.fork(pool, now)
-                pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0.0, 0.05))
+                if not replacing:
+                    pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0, 0.05))
+                else:  # claim its job while it boots: it gets it the moment it is Ready
+                    self.dispatcher.claim(pool, now)
             for worker in pool.idle()[: max(0, pool.live() - pool.target)]:
                 worker.kill(KillReason(KillKind.RETIRE, "scaled in"), now)
 
     def fork(self, pool: Pool, now: float) -> None:
         assert self.loop is not None
         spec = pool.spec()
-        worker = fork_worker(spec, now=now, child_cleanup=self.child_cleanup)
-        self.memcg.attach(worker, pool.config.memory_limit)  # before any job is sent
+        # the worker joins its cgroup itself, before Ready (so before any job is sent)
+        prepared = self.memcg.prepare(spec.pool, spec.slot, pool.config.memory_limit)
+        if prepared is not None:
+            spec = dataclasses.replace(spec, cgroup_fd=prepared.fd)
+        try:
+            worker = fork_worker(spec, now=now, child_cleanup=self.child_cleanup)
+        except OSError:
+            if prepared is not None:
+                self.memcg.abandon(prepared)
+            raise
+        self.memcg.adopt(worker, prepared)
         pool.workers[worker.pid] = worker
         self.loop.watch(worker.fd, lambda w=worker: self.read_worker(w))
         self.set_title()

@@ -40,6 +40,7 @@ class Pool:
     recent_duration: float | None = None  # handler time of recent jobs (policy.recent_duration)
     # kinds no job of which may start here: paused fleet-wide (run/controls.py sets it)
     paused_kinds: frozenset[str] = frozenset()
+    owed: int = 0  # workers that retired (Recycling) and were reaped before a replacement
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -110,9 +111,19 @@ class Pool:
             hard_deadline=c.timeout + (c.soft_timeout or 0.0) + HARD_DEADLINE_GRACE,
         )
 
+    def take_replacement(self) -> bool:
+        """Whether the next fork replaces a worker that retired after its job (one said
+        Recycling and is still exiting, or was reaped unreplaced); counts it as replaced."""
+        if self.owed:
+            self.owed -= 1
+            return True
+        return any(w.recycling for w in self.workers.values())
+
     def worker_gone(self, worker: WorkerHandle, booted: bool, now: float) -> None:
         """Forget a reaped worker; back off when workers keep dying before they are ready."""
         self.workers.pop(worker.pid, None)
+        if worker.recycling and self.live() < self.target:
+            self.owed += 1
         if booted or worker.kill_reason is not None:
             self.boot_failures = 0
             return
