@@ -481,6 +481,9 @@ def _soft_timeout_window(handler: Handler) -> Handler:
 _sigmask = getattr(_signal, "pthread_sigmask", signal.pthread_sigmask)
 
 
+_SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()))
+
+
 def _reset_signals() -> None:
     """Ignore SIGINT/SIGTERM; drop what the parent's signal setup left in this process.
 
@@ -490,10 +493,10 @@ def _reset_signals() -> None:
     parent raises BrokenPipeError instead of killing the worker silently.
     """
     signal.set_wakeup_fd(-1)
-    for sig in signal.valid_signals():
+    for sig in _SIGNALS:  # the C functions: plain ints, no Signals enum per call (~0.3 ms)
         try:
-            if callable(signal.getsignal(sig)):
-                signal.signal(sig, signal.SIG_DFL)
+            if callable(_signal.getsignal(sig)):
+                _signal.signal(sig, _signal.SIG_DFL)
         except (OSError, ValueError):  # SIGKILL, SIGSTOP and friends cannot be changed
             continue
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -26,10 +26,11 @@ what a dead worker left (``end_all(root=...)``). Stdlib only.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import threading
+
+from workers import limits
 
 PR_SET_CHILD_SUBREAPER = 36
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -37,11 +38,10 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 def become_subreaper() -> bool:
     """Make this process the subreaper of its descendants; False where prctl cannot."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
+    c = limits.libc()
+    if c is None or not hasattr(c, "prctl"):
         return False
+    return c.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 # This process's main thread's ``children`` file, kept open: (pid, fd). A fork re-opens it.
