@@ -260,7 +260,7 @@ class Fleet:
                 due.append(self.next_watchdog)
             if pool.idle() and not self.drain.active and pool.name not in d.claiming:
                 due.append(max(pool.next_poll_at, d.store_retry_at))
-            if pool.live() < pool.target:
+            if pool.live() < pool.wanted():
                 due.append(pool.next_spawn_at)
         if self.drain.phase == DrainPhase.FINISHING:
             due.append(self.drain.deadline)
@@ -289,7 +289,7 @@ class Fleet:
                     pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0, 0.05))
                 else:  # claim its job while it boots: it gets it the moment it is Ready
                     self.dispatcher.claim(pool, now)
-            for worker in pool.idle()[: max(0, pool.live() - pool.target)]:
+            for worker in pool.idle()[: max(0, pool.live() - pool.wanted())]:
                 worker.kill(KillReason(KillKind.RETIRE, "scaled in"), now)
 
     def fork(self, pool: Pool, now: float) -> None:

@@ -149,6 +149,7 @@ class Scaler:
         if pool.paused:  # its backlog waits on purpose: no more workers for it
             s.desired = min(s.desired, pool.target)
         s.ceiling = ceiling
+        pool.ceiling = ceiling.value  # a spare worker must fit under it too
         target, s.state = next_target(
             pool.target, s.desired, ceiling.value, c.min_workers, s.state, now, c.scale_in_cooldown
         )
