@@ -3,11 +3,15 @@
 ::
 
     fork ─> setup ─────────────────────────────> Ready ─> loop
+            join the memory cgroup the parent prepared (cgroup_fd), if any
             signals: INT/TERM ignored, parent's handlers and wake-up fd dropped, mask cleared
             PR_SET_PDEATHSIG=SIGKILL, privilege drop, PDEATHSIG again, getppid() check
-            RLIMIT_CORE 0, memory rlimit, RLIMIT_NPROC, title "fleetd: pool#slot idle"
+            RLIMIT_CORE 0, memory rlimit, RLIMIT_NPROC, child subreaper,
+            title "fleetd: pool#slot idle"
 
-    loop:  RunJob ─> reset VmHWM ─> handler(payload) in this thread
+    loop:  RunJob ─> reset VmHWM ─> handler(payload) in this thread (a command handler:
+                         │          its program, workers.command)
+                         ├─> every process the job left is killed (workers.tree)
                          └─> JobDone(result) | JobFailed(exception|permanent|memory_limit)
                              └─> recycle? ─> Recycling ─> exit RECYCLE
            Ping ─> Pong(rss)        Shutdown ─> exit OK
