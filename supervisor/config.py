@@ -370,6 +370,10 @@ class PoolConfig(BaseModel):
     nproc_limit: OptPositive = _key(
         None, "RLIMIT_NPROC for workers: fork bombs stop there", example=256
     )
+    private_shm: Annotated[bool, BeforeValidator(_flag)] = _key(
+        True,
+        "each worker its own /dev/shm (at most memory_limit), emptied after every job; root only",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -251,7 +251,7 @@ def libc() -> ctypes.CDLL | None:
     if _libc is None:
         try:
             _libc = ctypes.CDLL(None, use_errno=True)
-            for name in ("prctl", "malloc_trim", "timer_create", "timer_settime"):
+            for name in ("prctl", "malloc_trim", "timer_create", "timer_settime", "unshare"):
                 getattr(_libc, name, None)  # resolve now: looked up once, then cached
         except OSError:
             return None

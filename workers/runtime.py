@@ -64,7 +64,8 @@ from workers.outcome import MAX_TEXT, Outcome, call
 
 MIB = 1024 * 1024
 NEAR_LIMIT = 7 / 8  # of memory_limit: RSS after a job above it replaces the worker
-ROOM_TO_GROW = 16 * MIB  # ... unless its first job left it closer to it than this
+ROOM_TO_GROW = 16 * MIB
+SHM_FULL = "filled its private /dev/shm"  # ... unless its first job left it closer to it than this
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ class WorkerSpec:
     # an fd on the cgroup.procs of the worker's memory cgroup, made by the parent before the
     # fork: the worker joins it itself, first thing (None: no cgroup, or the parent moved it)
     cgroup_fd: int | None = None
+    # a private /dev/shm (workers.tree.private_shm), at most memory_limit in size, emptied
+    # after every job; needs root (else the host's is shared, and said once on stderr)
+    private_shm: bool = False
     # seconds after a job starts at which the worker ends itself (``limits.DeadlineAlarm``):
     # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
     # None: no alarm
@@ -158,6 +162,7 @@ class _Worker:
         self.rss_cap: int | None = spec.recycle_rss  # lowered after the first job
         self.pid = os.getpid()
         self.subreaper = False  # PR_SET_CHILD_SUBREAPER took
+        self.own_shm = False  # /dev/shm is this worker's own (emptied after every job)
         self.reader = protocol.FrameReader(spec.max_frame)
         self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
         self.poller = select.poll()
@@ -168,6 +173,12 @@ class _Worker:
     def setup(self) -> None:
         """Everything between the fork and ``Ready``; failures exit SETUP_FAILED."""
         self._join_cgroup()  # first: what the worker touches from here on is charged to it
+        if self.spec.private_shm and os.geteuid() == 0:  # before the privilege drop
+            limit = self.spec.memory_limit
+            why = tree.private_shm(limit + self.spec.rlimit_headroom if limit else None)
+            self.own_shm = why is None
+            if why is not None:
+                _say(self.spec, f"shares the host's /dev/shm: {why}")
         _reset_signals()
         os.set_blocking(self.fd, True)
         limits.set_pdeathsig(signal.SIGKILL)  # at once: covers the privilege drop below
@@ -363,8 +374,19 @@ class _Worker:
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
             tree.end_all()  # nothing the job started outlives it (workers.tree)
+            shm_full = self.own_shm and tree.shm_full()
+            if self.own_shm:
+                tree.empty_shm()  # nor what it left in /dev/shm
             if not (self.inbox and isinstance(self.inbox[0], protocol.RunJob)):
                 self._idle_title()  # before the result goes out: nothing queued behind it
+        if shm_full and outcome.error_kind in (protocol.EXCEPTION, protocol.CRASHED):
+            # ENOSPC (or a program's death over it) in a /dev/shm sized at the memory cap:
+            # memory, not a bug of the job's
+            outcome = replace(
+                outcome,
+                error_kind=protocol.MEMORY_LIMIT,
+                message=f"{SHM_FULL} (memory_limit + headroom): {outcome.message}",
+            )
         return self._reply(job, outcome)
 
     def _reply(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
@@ -390,7 +412,7 @@ class _Worker:
         """Encode a JobFailed frame, adding the cap and the peak to a memory_limit message."""
         peak = _peak(outcome)
         message = outcome.message
-        if outcome.error_kind == protocol.MEMORY_LIMIT:
+        if outcome.error_kind == protocol.MEMORY_LIMIT and not message.startswith(SHM_FULL):
             message += self._memory_detail(peak)
         failed = protocol.JobFailed(
             job.job_id,

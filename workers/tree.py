@@ -26,7 +26,9 @@ what a dead worker left (``end_all(root=...)``). Stdlib only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import shutil
 import signal
 import threading
 
@@ -188,3 +190,57 @@ def tree_memory(pid: int, own: int | None) -> tuple[int | None, int]:
     for child in found:
         total += process_memory(child) or 0
     return total, len(found)
+
+
+# ---- a private /dev/shm --------------------------------------------------------------------
+
+CLONE_NEWNS = 0x00020000
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 16384, 1 << 18
+SHM = "/dev/shm"
+
+
+def private_shm(size: int | None) -> str | None:
+    """Give this process (and what it starts) a /dev/shm of its own: a new mount namespace
+    whose mounts do not propagate back, and a fresh tmpfs on /dev/shm of at most ``size``
+    bytes. Files a job leaves there are then seen by no one else, removed after each job
+    (``empty_shm``), and gone with the worker's last process whatever happens. Needs
+    CAP_SYS_ADMIN (fleetd running as root) and a single-threaded caller; None on success,
+    else why not (the worker then shares the host's /dev/shm). ~0.6 ms (21 mounts here)."""
+    c = limits.libc()
+    if c is None or not hasattr(c, "unshare") or not os.path.isdir(SHM):
+        return "no unshare(2) or no /dev/shm here"
+    if c.unshare(CLONE_NEWNS) != 0:
+        return f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}"
+    if c.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        return f"making mounts private: {os.strerror(ctypes.get_errno())}"
+    options = b"mode=1777" + (b",size=%d" % size if size else b"")
+    if c.mount(b"tmpfs", SHM.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        return f"mounting a tmpfs on /dev/shm: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def shm_full(slack: int = 1 << 20) -> bool:
+    """Whether /dev/shm has less than ``slack`` bytes left (a job filled its private one)."""
+    try:
+        st = os.statvfs(SHM)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < slack
+
+
+def empty_shm() -> int:
+    """Remove everything in (this worker's private) /dev/shm; how many entries there were."""
+    try:
+        names = os.listdir(SHM)
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(SHM, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            continue
+    return len(names)

@@ -133,6 +133,7 @@ class Pool:
             user=c.user,
             group=c.group,
             hard_deadline=c.timeout + (c.soft_timeout or 0.0) + HARD_DEADLINE_GRACE,
+            private_shm=c.private_shm,
         )
 
     def take_replacement(self) -> bool:

@@ -7,10 +7,13 @@ together above it, is stopped as ``memory_limit`` by the watchdog, which counts 
 
 from __future__ import annotations
 
+import os
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 
 from supervisor.model import ErrorKind, JobState
 from tests.integration.fleet import Harness, alive
@@ -70,3 +73,28 @@ def test_nothing_a_job_starts_outlives_it(fleet: Harness, tmp_path: Path) -> Non
     assert "process(es) of its job" in bomb_job.last_error, bomb_job.last_error
     assert "stopped by the watchdog" in bomb_job.last_error
     assert not any(p.name() == "python3" for p in sup.alive_descendants() if alive(p))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private /dev/shm needs root (CAP_SYS_ADMIN)")
+def test_what_a_job_leaves_in_dev_shm_does_not_outlive_it(fleet: Harness) -> None:
+    fleet.configure(
+        {
+            "shm": {
+                "handlers": {"shm_files": TREE + "shm_files"},
+                "min_workers": 1,
+                "max_workers": 1,
+                "max_deliveries": 1,
+                "pipeline": 1,
+            }
+        },
+        memory_cgroup=False,
+    )
+    sup = fleet.start()
+    name = f"fleetd-test-{uuid.uuid4().hex}"
+    first = fleet.enqueue("shm_files", {"write": name})
+    second = fleet.enqueue("shm_files")
+    a, b = fleet.wait_final([first, second], watch=[sup])
+    assert a.state == b.state == JobState.DONE, (a, b)
+    assert a.result["pid"] == b.result["pid"]  # one worker ran both
+    assert a.result["files"] == b.result["files"] == []  # its own, emptied after each job
+    assert not os.path.exists(f"/dev/shm/{name}")  # never in the host's /dev/shm

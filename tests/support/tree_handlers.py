@@ -110,3 +110,15 @@ def leave_daemon(payload: dict[str, Any]) -> int:
     time.sleep(float(payload.get("hang", 0)))
     with open(path) as f:
         return int(f.read())
+
+
+def shm_files(payload: dict[str, Any]) -> dict[str, Any]:
+    """List /dev/shm, then write ``payload["write"]`` there (if given) and leave it; the
+    worker's pid and the listing."""
+    import os
+
+    found = sorted(os.listdir("/dev/shm"))
+    if payload.get("write"):
+        with open(os.path.join("/dev/shm", payload["write"]), "w") as f:
+            f.write("left behind")
+    return {"pid": os.getpid(), "files": found}
