@@ -80,7 +80,8 @@ def test_what_a_job_leaves_in_dev_shm_does_not_outlive_it(fleet: Harness) -> Non
     fleet.configure(
         {
             "shm": {
-                "handlers": {"shm_files": TREE + "shm_files"},
+                "handlers": {"shm_files": TREE + "shm_files", "shm_fill": TREE + "shm_fill"},
+                "memory_limit": "128MiB",
                 "min_workers": 1,
                 "max_workers": 1,
                 "max_deliveries": 1,
@@ -93,7 +94,11 @@ def test_what_a_job_leaves_in_dev_shm_does_not_outlive_it(fleet: Harness) -> Non
     name = f"fleetd-test-{uuid.uuid4().hex}"
     first = fleet.enqueue("shm_files", {"write": name})
     second = fleet.enqueue("shm_files")
-    a, b = fleet.wait_final([first, second], watch=[sup])
+    # 450 MiB into a /dev/shm of memory_limit + 128 MiB: refused there, and so memory_limit
+    bomb = fleet.enqueue("shm_fill", {"mib": 450})
+    a, b, c = fleet.wait_final([first, second, bomb], watch=[sup])
+    assert c.error_kind == ErrorKind.MEMORY_LIMIT, c
+    assert "filled its private /dev/shm" in c.last_error, c.last_error
     assert a.state == b.state == JobState.DONE, (a, b)
     assert a.result["pid"] == b.result["pid"]  # one worker ran both
     assert a.result["files"] == b.result["files"] == []  # its own, emptied after each job

@@ -122,3 +122,14 @@ def shm_files(payload: dict[str, Any]) -> dict[str, Any]:
         with open(os.path.join("/dev/shm", payload["write"]), "w") as f:
             f.write("left behind")
     return {"pid": os.getpid(), "files": found}
+
+
+def shm_fill(payload: dict[str, Any]) -> int:
+    """Write ``mib`` MiB (default 450) to a named file in /dev/shm and leave it there."""
+    import os
+
+    with open(f"/dev/shm/fleetd-fill-{os.getpid()}", "wb") as f:
+        block = b"x" * (1 << 20)
+        for _ in range(int(payload.get("mib", 450))):
+            f.write(block)
+    return int(payload.get("mib", 450))
