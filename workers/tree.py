@@ -171,6 +171,28 @@ def process_memory(pid: int) -> int | None:
     return int(data[start + 5 : data.index(b"kB", start)]) * 1024
 
 
+def memory_split(pid: int) -> tuple[int, int] | None:
+    """(private, shared) bytes of ``pid``'s resident memory, as the kernel counts them
+    (``smaps_rollup``: Private_Clean + Private_Dirty, Shared_Clean + Shared_Dirty). A worker
+    at rest is mostly shared pages (inherited from the supervisor at fork, resident once
+    however many workers map them); its private part is what it costs the host. None when
+    gone or unreadable. ~0.1 ms for a 50 MiB worker."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields: dict[bytes, int] = {}
+    for line in data.splitlines():
+        name, _, rest = line.partition(b":")
+        if name in (b"Private_Clean", b"Private_Dirty", b"Shared_Clean", b"Shared_Dirty"):
+            fields[name] = int(rest.split()[0]) * 1024
+    if len(fields) < 4:
+        return None
+    private = fields[b"Private_Clean"] + fields[b"Private_Dirty"]
+    return private, fields[b"Shared_Clean"] + fields[b"Shared_Dirty"]
+
+
 def _statm_rss(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:

@@ -17,6 +17,7 @@ from supervisor.config import PoolConfig
 from supervisor.model import ClaimLimits
 from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
 from supervisor.run.workerproc import WorkerHandle, WorkerState
+from workers import tree
 from workers.runtime import WorkerSpec
 
 # a pool whose workers retire after at most this many jobs keeps one booted spare worker (when
@@ -46,6 +47,10 @@ class Pool:
     paused_kinds: frozenset[str] = frozenset()
     owed: int = 0  # workers that retired (Recycling) and were reaped before a replacement
     ceiling: int | None = None  # the scaler's last ceiling (max_workers until it has one)
+    # a worker at rest, as the kernel counts it (workers.tree.memory_split), measured by the
+    # scaler on one ready worker: the pages every worker shares, and those it has alone
+    shared_baseline: int | None = None
+    private_at_rest: int | None = None
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -108,6 +113,15 @@ class Pool:
         """How many workers may hold jobs at once while a spare is kept (the target), else
         None: every worker may."""
         return self.target if self.spares() else None
+
+    def measure_memory(self) -> None:
+        """Read the shared and private memory of one ready worker (the longest-lived idle
+        one: its boot's copy-on-write is done)."""
+        ready = sorted(self.idle(), key=lambda w: w.spawned_at)
+        for worker in ready[:1]:
+            split = tree.memory_split(worker.pid)
+            if split is not None:
+                self.private_at_rest, self.shared_baseline = split
 
     def live(self) -> int:
         """Workers that count towards the target (not those being killed)."""

@@ -108,6 +108,8 @@ class Scaler:
             return
         stats, history, nodes = reply.value
         self.live_nodes = max(1, sum(1 for n in nodes if _live(n)))
+        for pool in self.pools.values():
+            pool.measure_memory()  # the shared baseline the ceiling counts once
         limits = ceilings(
             [self._sizing(p, history[n]) for n, p in self.pools.items()],
             self.cores,
@@ -126,6 +128,7 @@ class Scaler:
             c.job_memory,
             history.peaks,
             c.max_inflight,
+            pool.shared_baseline or 0,
         )
 
     def _decide(
