@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_incr",
         "one Redis INCR a job through fleetd start, beside the bare INCR loop",
     ),
+    "bench-fresh": (
+        "stress.bench_fresh",
+        "a fresh worker per job: max_jobs_per_worker = 1 beside a bare fork-per-job loop",
+    ),
     "bench-caps": (
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",

@@ -5,6 +5,10 @@ The plan is a plain dict (``--json`` prints it as is); ``render_plan`` makes it 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import shutil
 from typing import Any
 
 from supervisor import host
@@ -12,22 +16,28 @@ from supervisor.clock import SystemClock
 from supervisor.config import FleetConfig, load_config
 from supervisor.imports import import_handlers
 from supervisor.model import iso
-from supervisor.policy import PoolSizing, ceilings
+from supervisor.policy import KillKind, KillReason, PoolSizing, ceilings
 from supervisor.run import memcg, watchdog
+from supervisor.run.pool import Pool
+from supervisor.run.workerproc import fork_worker
 from supervisor.schedules import describe
 from supervisor.store import display_url
 from supervisor.units import format_duration, format_size
-from workers import limits
+from workers import limits, protocol, tree
+from workers.command import CommandSpec
 
 
 def plan_for(config_path: str) -> dict[str, Any]:
-    """Load and validate the config, import every handler, and return the plan."""
+    """Load and validate the config, import every handler, measure a worker of each pool at
+    rest, and return the plan."""
     config = load_config(config_path)
-    import_handlers(config)
+    handlers = import_handlers(config)
     cgroup = _cgroup_plan(config)
     cores, memory = host.usable_cores(), host.total_memory()
     budget = config.memory_budget.bytes_of(memory)
-    sizing = _sizing_plan(config, cores, budget)
+    at_rest = {name: measure_at_rest(config, name, handlers[name]) for name in config.pools}
+    shared = {name: m["shared"] for name, m in at_rest.items() if m.get("shared") is not None}
+    sizing = _sizing_plan(config, cores, budget, shared)
     return {
         "config": str(config.path),
         "fleet": config.name,
@@ -44,6 +54,7 @@ def plan_for(config_path: str) -> dict[str, Any]:
                 **_pool_plan(config, name),
                 "sizing": sizing[name],
                 "memory": _memory_plan(config, name, cgroup),
+                "memory_at_rest": at_rest[name],
             }
             for name in config.pools
         },
@@ -64,12 +75,50 @@ def _schedule_plan(config: FleetConfig, now: float) -> dict[str, dict[str, Any]]
     }
 
 
-def _sizing_plan(config: FleetConfig, cores: int, budget: int) -> dict[str, dict[str, Any]]:
+def measure_at_rest(config: FleetConfig, name: str, handlers: Any) -> dict[str, Any]:
+    """Fork one worker of the pool as ``fleetd start`` would, wait for its Ready, read its
+    private and shared memory as the kernel counts them (``workers.tree.memory_split``),
+    and stop it. A worker that cannot start here (a ``user`` without root) is reported."""
+    pool = Pool(config.pools[name], handlers, os.getpid())
+    worker = fork_worker(pool.spec(), now=0.0, child_cleanup=lambda: None)
+    try:
+        ready, _, _ = select.select([worker.fd], [], [], 10.0)
+        worker.sock.setblocking(True)
+        msg = protocol.read_frame(worker.fd) if ready else None
+        if not isinstance(msg, protocol.Ready):
+            return {"private": None, "shared": None, "error": "the worker did not start"}
+        split = tree.memory_split(worker.pid)
+        if split is None:
+            return {"private": None, "shared": None, "error": "no /proc/<pid>/smaps_rollup"}
+        protocol.write_frame(worker.fd, protocol.Shutdown())
+        return {"private": split[0], "shared": split[1], "error": None}
+    except OSError as exc:
+        return {"private": None, "shared": None, "error": f"{exc}"}
+    finally:
+        worker.kill(KillReason(KillKind.RETIRE, "measured"), 0.0)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(worker.pid, 0)
+        worker.sock.close()
+
+
+def _sizing_plan(
+    config: FleetConfig, cores: int, budget: int, shared: dict[str, int] | None = None
+) -> dict[str, dict[str, Any]]:
     """Each pool's ceiling on this host and which constraint binds, planned with the
     configured job_memory (the running supervisor switches to the p99 of measured peaks once
-    enough jobs have run)."""
+    enough jobs have run) less the pool's shared baseline, counted once."""
+    shared = shared or {}
     pools = [
-        PoolSizing(p.name, p.bound, p.min_workers, p.max_workers, p.job_memory, (), p.max_inflight)
+        PoolSizing(
+            p.name,
+            p.bound,
+            p.min_workers,
+            p.max_workers,
+            p.job_memory,
+            (),
+            p.max_inflight,
+            shared.get(p.name, 0),
+        )
         for p in config.pools.values()
     ]
     out = {}
@@ -82,6 +131,8 @@ def _sizing_plan(config: FleetConfig, cores: int, budget: int) -> dict[str, dict
             "memory": c.memory,
             "memory_share": c.memory_share,
             "peak_per_job": c.peak_per_job,
+            "shared": c.shared,
+            "per_worker": c.per_worker,
             "max_inflight": c.max_inflight,
             "latency_target": config.pools[name].latency_target,
         }
@@ -126,6 +177,18 @@ def _pool_plan(config: FleetConfig, name: str) -> dict[str, Any]:
         "lease": pool.lease,
         "heartbeat": pool.heartbeat,
         "max_deliveries": pool.max_deliveries,
+        "commands": _command_plan(pool.handlers),
+    }
+
+
+def _command_plan(handlers: Any) -> dict[str, dict[str, Any]]:
+    """Each command kind's argv and where its program is found on PATH (None: not found;
+    its jobs would fail until it is installed). PATH is this process's: run check in the
+    environment fleetd starts in."""
+    return {
+        kind: {"command": list(spec.argv), "program": shutil.which(spec.program)}
+        for kind, spec in handlers.items()
+        if isinstance(spec, CommandSpec)
     }
 
 
@@ -148,6 +211,10 @@ def render_plan(plan: dict[str, Any]) -> str:
         )
         lines.append(f"    sizing: {_render_sizing(p['sizing'])}")
         lines.append(f"    memory: {_render_memory(p['memory'])}")
+        lines.append(f"    at rest: {_render_at_rest(p['memory_at_rest'], p['sizing'])}")
+        for kind, c in p.get("commands", {}).items():
+            found = f"found at {c['program']}" if c["program"] else "NOT FOUND on PATH"
+            lines.append(f"    command {kind}: {c['command'][0]} {found}")
     for name, s in plan.get("schedules", {}).items():
         lines.append(
             f"  schedule {name}: {s['kind']} (pool {s['pool']}) {s['timing']}; {s['policies']}"
@@ -161,9 +228,30 @@ def _render_sizing(s: dict[str, Any]) -> str:
     inflight = "-" if s["max_inflight"] is None else s["max_inflight"]
     return (
         f"ceiling {s['ceiling']} (bound by {s['binding']}): max_workers {s['max_workers']}, "
-        f"{cpu}, memory {s['memory']} ({format_size(s['memory_share'])} / "
-        f"{format_size(s['peak_per_job'])} per job), max_inflight {inflight}; "
+        f"{cpu}, memory {s['memory']} ({_memory_ceiling(s)}), max_inflight {inflight}; "
         f"scales on oldest-job age, target {format_duration(s['latency_target'])}"
+    )
+
+
+def _memory_ceiling(s: dict[str, Any]) -> str:
+    """``5.7GiB / 200MiB per job``, or with a shared baseline, ``(5.7GiB - 24MiB shared) /
+    176MiB a worker (200MiB per job less the shared)``."""
+    if not s.get("shared"):
+        return f"{format_size(s['memory_share'])} / {format_size(s['peak_per_job'])} per job"
+    return (
+        f"({format_size(s['memory_share'])} - {format_size(s['shared'])} shared) / "
+        f"{format_size(s['per_worker'])} a worker ({format_size(s['peak_per_job'])} per job "
+        "less the shared)"
+    )
+
+
+def _render_at_rest(m: dict[str, Any], sizing: dict[str, Any]) -> str:
+    if m["private"] is None:
+        return f"not measured ({m['error']})"
+    return (
+        f"a worker {format_size(m['private'])} private + {format_size(m['shared'])} shared "
+        f"(smaps of one forked worker); the ceiling counts the shared part once and "
+        f"{format_size(sizing['per_worker'])} a worker"
     )
 
 

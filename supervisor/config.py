@@ -39,6 +39,7 @@ from pydantic import (
 from supervisor import schedules, units
 from supervisor.errors import ConfigError, UnknownKind
 from supervisor.model import NAME_MAX, PRIORITY_MAX, PRIORITY_MIN
+from workers.command import PLACEHOLDER, CommandSpec
 
 __all__ = [
     "FleetConfig",
@@ -151,14 +152,58 @@ def _text(pattern: str, expected: str) -> Callable[[Any], str]:
     return check
 
 
-def _handler(value: Any) -> str:
-    """Only the form: importing the handler is workers.handlers' job, before the fork."""
+def _handler(value: Any) -> str | CommandSpec:
+    """Only the form: importing the handler is workers.handlers' job, before the fork. A
+    table is a command handler (``_command``)."""
+    if isinstance(value, CommandSpec):
+        return value
+    if isinstance(value, Mapping):
+        return _command(value)
     module, _, function = value.partition(":") if isinstance(value, str) else ("", "", "")
     parts = [*module.split("."), function]
     if not all(part.isidentifier() for part in parts):
-        expected = 'a "module:function" reference such as "app.jobs:reindex"'
+        expected = 'a "module:function" reference such as "app.jobs:reindex", or a table'
+        expected += ' such as { command = ["pdftotext", "{path}", "-"] }'
         raise ValueError(f"{value!r} is not a handler (expected {expected})")
     return value
+
+
+_COMMAND_KEYS = ["command", "stall_timeout", "permanent_codes"]
+
+
+def _command(table: Mapping[str, Any]) -> CommandSpec:
+    """``{ command = [argv...], stall_timeout = "30s", permanent_codes = [2, 65] }``."""
+    for key in table:
+        if key not in _COMMAND_KEYS:
+            raise _Problem(_unknown_key(str(key), _COMMAND_KEYS), (key,))
+    if "command" not in table:
+        raise ValueError('a command handler without command (expected command = ["prog", ...])')
+    argv = table["command"]
+    if not isinstance(argv, list) or not argv:
+        expected = 'a non-empty list of strings, e.g. ["pdftotext", "{path}", "-"]'
+        raise _Problem(f"{argv!r} is not a command (expected {expected})", ("command",))
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str) or "\0" in arg or (i == 0 and not arg.strip()):
+            what = "a program name" if i == 0 else "a string argument"
+            raise _Problem(f"{arg!r} is not {what} (expected {what})", ("command", i))
+    if PLACEHOLDER.search(argv[0]):
+        raise _Problem(
+            f"{argv[0]!r} names the program from the payload (expected a fixed program)",
+            ("command", 0),
+        )
+    stall = table.get("stall_timeout")
+    try:
+        stall = _optional(_duration)(stall)
+    except ValueError as exc:
+        raise _Problem(str(exc), ("stall_timeout",)) from None
+    codes = table.get("permanent_codes", [])
+    if not isinstance(codes, list):
+        raise _Problem(f"{codes!r} is not a list (expected e.g. [2, 65])", ("permanent_codes",))
+    for i, code in enumerate(codes):
+        if isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 255:
+            message = f"{code!r} is not an exit code (expected an integer from 1 to 255)"
+            raise _Problem(message, ("permanent_codes", i))
+    return CommandSpec(tuple(argv), stall, frozenset(codes))
 
 
 def _kind_table(value: Any) -> Any:
@@ -191,7 +236,8 @@ Positive = Annotated[int, BeforeValidator(_count(1))]
 OptPositive = Annotated[int | None, BeforeValidator(_optional(_count(1)))]
 Name = Annotated[str | None, BeforeValidator(_optional(_text(r"\S+", "a name")))]
 Handlers = Annotated[
-    dict[str, Annotated[str, BeforeValidator(_handler)]], BeforeValidator(_handler_table)
+    dict[str, Annotated[str | CommandSpec, BeforeValidator(_handler)]],
+    BeforeValidator(_handler_table),
 ]
 KindCaps = Annotated[dict[str, Positive], BeforeValidator(_kind_table)]
 
@@ -259,7 +305,10 @@ class PoolConfig(BaseModel):
     model_config = _FROZEN
 
     name: Annotated[str, BeforeValidator(_text(_IDENTIFIER.pattern, "a pool name"))] = _shape()
-    handlers: Handlers = _key(..., 'job kind = "module:function"; each kind in exactly one pool')
+    handlers: Handlers = _key(
+        ...,
+        'job kind = "module:function", or = { command = [argv...] }; each kind in exactly one pool',
+    )
     min_workers: Count = _key(1, "workers kept running even when the pool is idle")
     max_workers: Positive = _key(4, "at most this many workers on this host")
     bound: Annotated[str, BeforeValidator(_choice("cpu", "io"))] = _key(
@@ -320,6 +369,10 @@ class PoolConfig(BaseModel):
     group: Name = _key(None, "run workers with this group", example="fleetd")
     nproc_limit: OptPositive = _key(
         None, "RLIMIT_NPROC for workers: fork bombs stop there", example=256
+    )
+    private_shm: Annotated[bool, BeforeValidator(_flag)] = _key(
+        True,
+        "each worker its own /dev/shm (at most memory_limit), emptied after every job; root only",
     )
 
     @model_validator(mode="before")
@@ -870,7 +923,14 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
     "poison": (
         "Untrusted input that may hang, leak or bomb: tight limits, one delivery, fresh workers.",
         {
-            "handlers": {"parse_upload": "app.uploads:parse"},
+            "handlers": {
+                "parse_upload": "app.uploads:parse",
+                "pdf_text": {
+                    "command": ["pdftotext", "-layout", "{path}", "-"],
+                    "stall_timeout": "30s",
+                    "permanent_codes": [1, 3],
+                },
+            },
             **{"max_workers": 2, "memory_limit": "256MiB", "job_memory": "128MiB"},
             **{"timeout": "10s", "soft_timeout": "2s", "max_deliveries": 1},
             **{"max_jobs_per_worker": 1, "nproc_limit": 64},

@@ -30,6 +30,7 @@ MIX: list[tuple[str, dict[str, object]]] = [
     *[("render", {"doc": i, "seconds": 0.3}) for i in range(12)],
     *[("flaky", {"call": i}) for i in range(3)],
     *[("parse_upload", {"upload": f"invoice-{i}.pdf"}) for i in range(6)],
+    ("word_count", {"text": "an external program, contained like any job"}),
     *[
         ("parse_upload", {"upload": bad})
         for bad in ("zip-bomb", "huge-alloc", "infinite-loop", "segfault", "garbage")

@@ -152,6 +152,9 @@ class PoolSizing:
     job_memory: int  # configured peak RSS of one job, bytes
     measured_peaks: tuple[int, ...] = ()  # recent jobs' peak RSS, bytes
     max_inflight: int | None = None
+    # bytes of a worker's RSS that every worker of the pool shares (the pages inherited at
+    # fork, measured: workers.tree.memory_split): counted once per pool, not per worker
+    shared: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,8 @@ class Ceiling:
     peak_per_job: int
     peak_source: str  # "configured" (job_memory) or "measured" (p99 of recent peaks)
     memory_share: int  # bytes of the fleet's memory budget this pool may use
+    shared: int = 0  # the pool's shared baseline, counted once in its share
+    per_worker: int = 0  # what one more worker costs: peak per job less the shared baseline
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -194,19 +199,22 @@ def peak_per_job(pool: PoolSizing) -> tuple[int, str]:
 
 def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dict[str, Ceiling]:
     """Each pool's ceiling: min(max_workers, its share of the cores if cpu-bound, its share of
-    the memory budget divided by its peak per job, max_inflight). Cores are split among the
+    the memory budget less its shared baseline divided by what one worker adds (peak per job
+    less the shared baseline: ``worker_cost``), max_inflight). Cores are split among the
     cpu-bound pools, and the budget among all pools, in proportion to what each could use at
     its max_workers, so two pools never each count on the whole host."""
     peaks = {p.name: peak_per_job(p) for p in pools}
+    costs = {p.name: worker_cost(peaks[p.name][0], p.shared) for p in pools}
     cpu_pools = [p for p in pools if p.bound == "cpu"]
     cpu_demand = sum(p.max_workers for p in cpu_pools) or 1
-    mem_demand = sum(p.max_workers * peaks[p.name][0] for p in pools) or 1
+    mem_demand = sum(p.shared + p.max_workers * costs[p.name] for p in pools) or 1
     out: dict[str, Ceiling] = {}
     for p in pools:
         peak, source = peaks[p.name]
+        cost = costs[p.name]
         cpu = max(1, cores * p.max_workers // cpu_demand) if p.bound == "cpu" else None
-        share = memory_budget * p.max_workers * peak // mem_demand
-        memory = max(1, share // max(1, peak))
+        share = memory_budget * (p.shared + p.max_workers * cost) // mem_demand
+        memory = max(1, (share - p.shared) // cost)
         figures = {
             "max_workers": p.max_workers,
             "cpu": cpu,
@@ -225,8 +233,25 @@ def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dic
             peak,
             source,
             share,
+            p.shared,
+            cost,
         )
     return out
+
+
+MIN_WORKER_COST = 1 << 20  # bytes: a worker never plans at less than this
+
+
+def worker_cost(peak: int, shared: int) -> int:
+    """What one more worker of a pool costs the host: its peak per job less the pages every
+    worker shares (inherited at fork, resident once however many workers map them).
+
+    >>> worker_cost(46 << 20, 40 << 20) >> 20   # 46 MiB RSS of which 40 shared: 6 MiB
+    6
+    >>> worker_cost(200 << 20, 0) >> 20         # nothing measured yet: the whole peak
+    200
+    """
+    return max(peak - shared, MIN_WORKER_COST)
 
 
 # ---- scaling: how many workers to want now ---------------------------------------------

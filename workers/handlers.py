@@ -1,4 +1,5 @@
-"""Turn ``"module:function"`` specs into callables, in the parent, before any fork.
+"""Turn ``"module:function"`` specs into callables, in the parent, before any fork; a
+``CommandSpec`` (a kind that runs a program) becomes a ``workers.command.CommandHandler``.
 
 Importing before the fork means an unimportable handler stops ``fleetd start`` with one clear
 line instead of a pool of workers dying at boot, and the imported modules' pages are shared
@@ -12,6 +13,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from workers.command import CommandHandler, CommandSpec
 from workers.errors import HandlerImportError, one_line
 
 Handler = Callable[[Any], Any]
@@ -53,10 +55,15 @@ def _import(spec: str, module_name: str) -> object:
         raise HandlerImportError(spec, f"import raised {one_line(exc)}") from exc
 
 
-def load_handlers(mapping: Mapping[str, str]) -> dict[str, Handler]:
-    """Resolve every kind's spec; the first failure raises ``HandlerImportError`` naming it."""
+def load_handlers(mapping: Mapping[str, str | CommandSpec]) -> dict[str, Handler]:
+    """Resolve every kind's spec; the first failure raises ``HandlerImportError`` naming it.
+    A command is not looked up here: a program missing on PATH fails its jobs (``fleetd
+    check`` says which are missing), it does not stop the start."""
     out: dict[str, Handler] = {}
     for kind, spec in mapping.items():
+        if isinstance(spec, CommandSpec):
+            out[kind] = CommandHandler(spec)
+            continue
         try:
             out[kind] = resolve(spec)
         except HandlerImportError as exc:

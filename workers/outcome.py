@@ -15,12 +15,12 @@ import errno
 import gc
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from workers import protocol
 from workers.errors import Permanent, SoftTimeout, one_line
-from workers.handlers import Handler
 
 TAIL_FRAMES = 6  # traceback frames kept in JobFailed.traceback_tail
 MAX_TEXT = 4000  # characters kept of a message or a traceback tail
@@ -35,9 +35,10 @@ class Outcome:
     message: str = ""
     tail: str = ""
     duration: float = 0.0  # seconds in the handler
+    child_peak: int = 0  # bytes: peak RSS of a command handler's program (its rusage)
 
 
-def call(handler: Handler, payload: Any) -> Outcome:
+def call(handler: Callable[[Any], Any], payload: Any) -> Outcome:
     """Call the handler in this thread; never raises (everything becomes an ``Outcome``)."""
     start = time.monotonic()
     try:

@@ -52,8 +52,9 @@ HEADER = struct.Struct(">I")
 EXCEPTION = "exception"
 PERMANENT = "permanent"
 MEMORY_LIMIT = "memory_limit"
-TIMEOUT = "timeout"  # the handler stopped on SoftTimeout
-ERROR_KINDS = frozenset({EXCEPTION, PERMANENT, MEMORY_LIMIT, TIMEOUT})
+TIMEOUT = "timeout"  # the handler stopped on SoftTimeout; a command stopped at its deadline
+CRASHED = "crashed"  # a command handler's program died by a signal
+ERROR_KINDS = frozenset({EXCEPTION, PERMANENT, MEMORY_LIMIT, TIMEOUT, CRASHED})
 SOFT_TIMEOUT_SIGNAL = 10  # SIGUSR1: the parent's "your job is past its timeout"
 # the parent's "an operator cancelled your job": a flag for current_job(), never a raise. A
 # real-time signal nothing else uses (limits.DEADLINE_SIGNAL is SIGRTMIN + 3)

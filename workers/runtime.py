@@ -3,11 +3,15 @@
 ::
 
     fork ─> setup ─────────────────────────────> Ready ─> loop
+            join the memory cgroup the parent prepared (cgroup_fd), if any
             signals: INT/TERM ignored, parent's handlers and wake-up fd dropped, mask cleared
             PR_SET_PDEATHSIG=SIGKILL, privilege drop, PDEATHSIG again, getppid() check
-            RLIMIT_CORE 0, memory rlimit, RLIMIT_NPROC, title "fleetd: pool#slot idle"
+            RLIMIT_CORE 0, memory rlimit, RLIMIT_NPROC, child subreaper,
+            title "fleetd: pool#slot idle"
 
-    loop:  RunJob ─> reset VmHWM ─> handler(payload) in this thread
+    loop:  RunJob ─> reset VmHWM ─> handler(payload) in this thread (a command handler:
+                         │          its program, workers.command)
+                         ├─> every process the job left is killed (workers.tree)
                          └─> JobDone(result) | JobFailed(exception|permanent|memory_limit)
                              └─> recycle? ─> Recycling ─> exit RECYCLE
            Ping ─> Pong(rss)        Shutdown ─> exit OK
@@ -52,14 +56,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from workers import context, exitcodes, limits, privileges, proctitle, protocol
+from workers import context, exitcodes, limits, privileges, proctitle, protocol, tree
+from workers.command import CommandHandler
 from workers.errors import SoftTimeout, one_line
 from workers.handlers import Handler
 from workers.outcome import MAX_TEXT, Outcome, call
 
 MIB = 1024 * 1024
 NEAR_LIMIT = 7 / 8  # of memory_limit: RSS after a job above it replaces the worker
-ROOM_TO_GROW = 16 * MIB  # ... unless its first job left it closer to it than this
+ROOM_TO_GROW = 16 * MIB
+SHM_FULL = "filled its private /dev/shm"  # ... unless its first job left it closer to it than this
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,12 @@ class WorkerSpec:
     user: str | int | None = None
     group: str | int | None = None
     max_frame: int = protocol.MAX_FRAME
+    # an fd on the cgroup.procs of the worker's memory cgroup, made by the parent before the
+    # fork: the worker joins it itself, first thing (None: no cgroup, or the parent moved it)
+    cgroup_fd: int | None = None
+    # a private /dev/shm (workers.tree.private_shm), at most memory_limit in size, emptied
+    # after every job; needs root (else the host's is shared, and said once on stderr)
+    private_shm: bool = False
     # seconds after a job starts at which the worker ends itself (``limits.DeadlineAlarm``):
     # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
     # None: no alarm
@@ -149,6 +161,8 @@ class _Worker:
         self.alarm_armed = False  # the deadline alarm runs (disarmed before waiting for work)
         self.rss_cap: int | None = spec.recycle_rss  # lowered after the first job
         self.pid = os.getpid()
+        self.subreaper = False  # PR_SET_CHILD_SUBREAPER took
+        self.own_shm = False  # /dev/shm is this worker's own (emptied after every job)
         self.reader = protocol.FrameReader(spec.max_frame)
         self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
         self.poller = select.poll()
@@ -158,6 +172,13 @@ class _Worker:
 
     def setup(self) -> None:
         """Everything between the fork and ``Ready``; failures exit SETUP_FAILED."""
+        self._join_cgroup()  # first: what the worker touches from here on is charged to it
+        if self.spec.private_shm and os.geteuid() == 0:  # before the privilege drop
+            limit = self.spec.memory_limit
+            why = tree.private_shm(limit + self.spec.rlimit_headroom if limit else None)
+            self.own_shm = why is None
+            if why is not None:
+                _say(self.spec, f"shares the host's /dev/shm: {why}")
         _reset_signals()
         os.set_blocking(self.fd, True)
         limits.set_pdeathsig(signal.SIGKILL)  # at once: covers the privilege drop below
@@ -167,6 +188,9 @@ class _Worker:
         if os.getppid() != self.spec.parent_pid:
             raise _Exit(exitcodes.PARENT_GONE, "the parent exited before PDEATHSIG was set")
         self._apply_limits()
+        # the job's processes that lose their parent (a daemon: double fork, setsid) come
+        # to this worker, not init: counted, and killed when the job ends (workers.tree)
+        self.subreaper = tree.become_subreaper()
         if self.spec.hard_deadline is not None:
             try:
                 self.alarm = limits.DeadlineAlarm()
@@ -174,6 +198,21 @@ class _Worker:
                 _say(self.spec, f"no deadline alarm ({exc}); the supervisor's kill only")
         proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
         self._send(protocol.Ready(os.getpid()))
+
+    def _join_cgroup(self) -> None:
+        """Write "0" (this process) to the cgroup.procs fd the parent prepared, and close it.
+        A refusal is said on stderr: the worker then runs without its cgroup (the rlimit
+        and the watchdog stay)."""
+        fd = self.spec.cgroup_fd
+        if fd is None:
+            return
+        try:
+            os.write(fd, b"0")
+        except OSError as exc:
+            _say(self.spec, f"could not join its memory cgroup: {exc}")
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _rss_cap(self, warm_rss: int | None) -> int | None:
         """The RSS after a job above which this worker is replaced: ``recycle_rss``, or lower,
@@ -324,15 +363,30 @@ class _Worker:
             context.JobContext(job.job_id, job.kind, job.attempt, job.deadline, spec.pool)
         )
         try:
-            outcome = call(_soft_timeout_window(handler), payload)
+            if isinstance(handler, CommandHandler):
+                outcome = handler.run(payload)  # its own deadline and kill ladder
+            else:
+                outcome = call(_soft_timeout_window(handler), payload)
         finally:
             if os.getpid() != self.pid:
                 # A handler forked and its child returned here: two processes must never
                 # share the parent's connection. The copy leaves without a word.
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
+            tree.end_all()  # nothing the job started outlives it (workers.tree)
+            shm_full = self.own_shm and tree.shm_full()
+            if self.own_shm:
+                tree.empty_shm()  # nor what it left in /dev/shm
             if not (self.inbox and isinstance(self.inbox[0], protocol.RunJob)):
                 self._idle_title()  # before the result goes out: nothing queued behind it
+        if shm_full and outcome.error_kind in (protocol.EXCEPTION, protocol.CRASHED):
+            # ENOSPC (or a program's death over it) in a /dev/shm sized at the memory cap:
+            # memory, not a bug of the job's
+            outcome = replace(
+                outcome,
+                error_kind=protocol.MEMORY_LIMIT,
+                message=f"{SHM_FULL} (memory_limit + headroom): {outcome.message}",
+            )
         return self._reply(job, outcome)
 
     def _reply(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
@@ -341,7 +395,7 @@ class _Worker:
             return self._failed(job, outcome)
         try:
             text = json.dumps(outcome.result, allow_nan=False)
-            done = protocol.JobDone(job.job_id, text, outcome.duration, limits.peak_rss())
+            done = protocol.JobDone(job.job_id, text, outcome.duration, _peak(outcome))
             return protocol.encode(done, self.spec.max_frame)
         except (TypeError, ValueError, RecursionError) as exc:
             why = f"result is not JSON-serialisable: {one_line(exc)}"
@@ -356,9 +410,9 @@ class _Worker:
 
     def _failed(self, job: protocol.RunJob, outcome: Outcome) -> bytes:
         """Encode a JobFailed frame, adding the cap and the peak to a memory_limit message."""
-        peak = limits.peak_rss()
+        peak = _peak(outcome)
         message = outcome.message
-        if outcome.error_kind == protocol.MEMORY_LIMIT:
+        if outcome.error_kind == protocol.MEMORY_LIMIT and not message.startswith(SHM_FULL):
             message += self._memory_detail(peak)
         failed = protocol.JobFailed(
             job.job_id,
@@ -417,6 +471,14 @@ class _Worker:
         )
 
 
+def _peak(outcome: Outcome) -> int | None:
+    """The job's peak: the worker's VmHWM, plus its program's for a command handler."""
+    peak = limits.peak_rss()
+    if outcome.child_peak and peak is not None:
+        return peak + outcome.child_peak
+    return peak
+
+
 def _raise_soft_timeout(signum: int, frame: object) -> None:
     raise SoftTimeout("the job ran past its timeout; the worker is killed shortly")
 
@@ -445,6 +507,9 @@ def _soft_timeout_window(handler: Handler) -> Handler:
 _sigmask = getattr(_signal, "pthread_sigmask", signal.pthread_sigmask)
 
 
+_SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()))
+
+
 def _reset_signals() -> None:
     """Ignore SIGINT/SIGTERM; drop what the parent's signal setup left in this process.
 
@@ -454,10 +519,10 @@ def _reset_signals() -> None:
     parent raises BrokenPipeError instead of killing the worker silently.
     """
     signal.set_wakeup_fd(-1)
-    for sig in signal.valid_signals():
+    for sig in _SIGNALS:  # the C functions: plain ints, no Signals enum per call (~0.3 ms)
         try:
-            if callable(signal.getsignal(sig)):
-                signal.signal(sig, signal.SIG_DFL)
+            if callable(_signal.getsignal(sig)):
+                _signal.signal(sig, _signal.SIG_DFL)
         except (OSError, ValueError):  # SIGKILL, SIGSTOP and friends cannot be changed
             continue
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -88,6 +88,8 @@ class PoolSummary:
     memory_limit: int | None = None
     timeout: float = 0.0
     recent: dict[str, int] = field(default_factory=dict)
+    shared_baseline: int | None = None  # the largest of the nodes' (see PoolView)
+    private_at_rest: int | None = None
 
     @property
     def provisioned(self) -> int:
@@ -364,4 +366,10 @@ def _summary(name: str, config: Any, stats: PoolStats | None, live: list[NodeVie
         memory_limit=config.memory_limit if config is not None else None,
         timeout=config.timeout if config is not None else (pv[0].timeout if pv else 0.0),
         recent=recent,
+        shared_baseline=_largest(v.shared_baseline for v in pv),
+        private_at_rest=_largest(v.private_at_rest for v in pv),
     )
+
+
+def _largest(values: Any) -> int | None:
+    return max((v for v in values if v is not None), default=None)

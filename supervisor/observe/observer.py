@@ -205,6 +205,8 @@ class Observer:
             duration_p50=p50,
             duration_p95=p95,
             peak_rss_p95=rss95,
+            shared_baseline=getattr(pool, "shared_baseline", None),
+            private_at_rest=getattr(pool, "private_at_rest", None),
             stalled_for=self._stalled_for(name, stats, jobs.last_finished, now),
             recent={
                 key: int(series.delta(f"{name}:{key}", now, RECENT_WINDOW))

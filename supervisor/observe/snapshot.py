@@ -116,6 +116,10 @@ class PoolView:
     duration_p50: float | None = None  # seconds, jobs finished here in the recent window
     duration_p95: float | None = None
     peak_rss_p95: int | None = None  # bytes
+    # a worker at rest as the kernel counts it (smaps_rollup of one ready worker): the pages
+    # every worker shares (counted once per pool by the sizing) and those it has alone
+    shared_baseline: int | None = None
+    private_at_rest: int | None = None
     stalled_for: float | None = None  # ready work waiting with no completion here for so long
     recent: dict[str, int] = field(default_factory=dict)  # last RECENT_WINDOW seconds
     # cumulative since this supervisor started (metrics)

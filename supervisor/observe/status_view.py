@@ -137,6 +137,14 @@ def _rss(p: PoolSummary) -> str:
     return f"RSS p95 {size(p.peak_rss_p95)}/{size(p.memory_limit) if p.memory_limit else '∞'}"
 
 
+def _at_rest(p: PoolSummary) -> str:
+    """``5M + 40M shared``: a ready worker as the kernel counts it, its private pages and
+    those every worker of the pool shares (counted once by the sizing)."""
+    if p.private_at_rest is None or p.shared_baseline is None:
+        return "-"
+    return f"{size(p.private_at_rest)} + {size(p.shared_baseline)} shared"
+
+
 def _recent(p: PoolSummary, compact: bool = False) -> str:
     r = p.recent
     parts = [
@@ -173,6 +181,8 @@ def _pool_lines(p: PoolSummary) -> list[Text]:
             f"p50 {dur(p.duration_p50)} p95 {dur(p.duration_p95)} · {_rss(p)}"
         ),
     ]
+    if p.private_at_rest is not None and p.shared_baseline is not None:
+        lines.append(_line(f"  at rest: a worker {_at_rest(p)}, counted once"))
     notes = []
     if any(p.recent.values()):
         notes.append(f"5m: {_recent(p)}")
@@ -203,6 +213,9 @@ def _pool_table(pools: tuple[PoolSummary, ...]) -> Table:
         "5m redeliv/fail/dead/kill",
     ):
         table.add_column(name, no_wrap=True, overflow="ellipsis")
+    at_rest = any(p.private_at_rest is not None for p in pools)
+    if at_rest:  # smaps of a ready worker: what one costs, and what all share once
+        table.add_column("at rest: private a worker", no_wrap=True, overflow="ellipsis")
     for p in pools:
         unserved = f" (no node: {','.join(p.unserved_kinds)})" if p.unserved_kinds else ""
         table.add_row(
@@ -215,6 +228,7 @@ def _pool_table(pools: tuple[PoolSummary, ...]) -> Table:
             f"{dur(p.duration_p50)} · {dur(p.duration_p95)}",
             _rss(p)[8:],
             _recent(p, compact=True),
+            *([_at_rest(p)] if at_rest else []),
         )
     return table
 

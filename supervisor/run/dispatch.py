@@ -144,6 +144,9 @@ class Dispatcher:
             for w in pool.workers.values()
             if not _behind_long_job(w, now)  # nothing goes behind it: claim nothing for it
         ]
+        if pool.boot_failures == 0:  # one booting now takes a job the moment it is Ready
+            rooms += [Room(1, 0) for w in pool.workers.values() if w.state == WorkerState.STARTING]
+        rooms = _within_cap(rooms, pool.running_cap())
         buffered = len(self.buffer[pool.name])
         want = claim_size(rooms, depth=depth, prefetch=pool.config.prefetch, buffered=buffered)
         if not want:
@@ -244,8 +247,14 @@ class Dispatcher:
         queued_bytes = {pid: w.queued_bytes for pid, w in workers.items()}
         sends: dict[int, list[tuple[Buffered, bytes]]] = {}
         wall = self.clock.now()
+        cap = pool.running_cap()  # with a spare kept: no more than the target run at once
+        running = sum(1 for held in ahead.values() if held)
         while queue:
-            open_ = [pid for pid, r in room.items() if r > 0]
+            open_ = [
+                pid
+                for pid, r in room.items()
+                if r > 0 and (cap is None or ahead[pid] or running < cap)
+            ]
             if not open_:
                 break
             pid = min(open_, key=ahead.__getitem__)
@@ -269,6 +278,7 @@ class Dispatcher:
             if ahead[pid]:
                 queued_bytes[pid] += len(frame)
             room[pid] -= 1
+            running += not ahead[pid]
             ahead[pid] += 1
             sends.setdefault(pid, []).append((item, frame))
         for pid, items in sends.items():
@@ -304,6 +314,9 @@ class Dispatcher:
         if isinstance(msg, protocol.Ready) and worker.state == WorkerState.STARTING:
             worker.state = WorkerState.IDLE
             pool.boot_failures = 0
+            if self.buffer[pool.name] and not self.draining:
+                self.assign(pool, now)  # claimed while it booted: a fresh worker per job
+                # waits for no pass
         elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
             try:
                 result = storable_result(msg.result)
@@ -337,7 +350,7 @@ class Dispatcher:
                 self._job_over(pool, worker, msg.duration, now)
                 return
             message = storable_message(msg.message)  # a handler's text: NUL, surrogates, size
-            if kind is ErrorKind.TIMEOUT:
+            if kind is ErrorKind.TIMEOUT and soft == msg.job_id:  # else a command's own stop
                 message = (
                     f"ran past its timeout of {format_duration(pool.config.timeout)}; "
                     "the handler stopped on SoftTimeout"
@@ -499,6 +512,16 @@ class Dispatcher:
     @property
     def next_heartbeat(self) -> dict[str, float]:
         return self.leases.next_heartbeat
+
+
+def _within_cap(rooms: list[Room], cap: int | None) -> list[Room]:
+    """The rooms a claim may fill when at most ``cap`` workers may hold jobs (a pool that
+    keeps a spare): every busy worker's, and idle ones' only up to the cap."""
+    if cap is None:
+        return rooms
+    busy = [r for r in rooms if r.held]
+    idle = [r for r in rooms if not r.held][: max(0, cap - len(busy))]
+    return busy + idle
 
 
 def _behind_long_job(worker: WorkerHandle, now: float) -> bool:

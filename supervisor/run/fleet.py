@@ -59,7 +59,7 @@ from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
 from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
 from supervisor.store.wake import CONTROLS_WAKE
-from workers import exitcodes, protocol
+from workers import exitcodes, protocol, tree
 
 log = logging.getLogger("fleetd.supervisor")
 
@@ -180,6 +180,8 @@ class Fleet:
             fleet=self.config.name,
         )
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
+        # a daemon whose worker was killed comes to us, not init: end_strays kills it
+        tree.become_subreaper()
         self.memcg.start()
         if self.metrics is not None:
             self.metrics.attach(self.loop)
@@ -258,7 +260,7 @@ class Fleet:
                 due.append(self.next_watchdog)
             if pool.idle() and not self.drain.active and pool.name not in d.claiming:
                 due.append(max(pool.next_poll_at, d.store_retry_at))
-            if pool.live() < pool.target:
+            if pool.live() < pool.wanted():
                 due.append(pool.next_spawn_at)
         if self.drain.phase == DrainPhase.FINISHING:
             due.append(self.drain.deadline)
@@ -273,21 +275,37 @@ class Fleet:
 
     def spawn(self, now: float) -> None:
         """Fork up to each pool's target, a small random stagger apart (forty cold starts at
-        once are a load spike of their own); retire idle workers above it."""
+        once are a load spike of their own), except a replacement for a worker that retired
+        after its job (max_jobs_per_worker, recycle_rss): forked at once, since a pool that
+        recycles after every job would otherwise wait for the stagger on every job. Retire
+        idle workers above the target."""
         if self.drain.active:
             return
         for pool in self.pools.values():
             if pool.spawn_due(now):
+                replacing = pool.take_replacement()  # for a worker that retired: no stagger
                 self.fork(pool, now)
-                pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0.0, 0.05))
-            for worker in pool.idle()[: max(0, pool.live() - pool.target)]:
+                if not replacing:
+                    pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0, 0.05))
+                else:  # claim its job while it boots: it gets it the moment it is Ready
+                    self.dispatcher.claim(pool, now)
+            for worker in pool.idle()[: max(0, pool.live() - pool.wanted())]:
                 worker.kill(KillReason(KillKind.RETIRE, "scaled in"), now)
 
     def fork(self, pool: Pool, now: float) -> None:
         assert self.loop is not None
         spec = pool.spec()
-        worker = fork_worker(spec, now=now, child_cleanup=self.child_cleanup)
-        self.memcg.attach(worker, pool.config.memory_limit)  # before any job is sent
+        # the worker joins its cgroup itself, before Ready (so before any job is sent)
+        prepared = self.memcg.prepare(spec.pool, spec.slot, pool.config.memory_limit)
+        if prepared is not None:
+            spec = dataclasses.replace(spec, cgroup_fd=prepared.fd)
+        try:
+            worker = fork_worker(spec, now=now, child_cleanup=self.child_cleanup)
+        except OSError:
+            if prepared is not None:
+                self.memcg.abandon(prepared)
+            raise
+        self.memcg.adopt(worker, prepared)
         pool.workers[worker.pid] = worker
         self.loop.watch(worker.fd, lambda w=worker: self.read_worker(w))
         self.set_title()
@@ -374,6 +392,7 @@ class Fleet:
                 # unlinks what the job left in /dev/shm once the worker is gone)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(info.si_pid, signal.SIGKILL)
+                self.end_strays()
             pid, status = os.waitpid(info.si_pid, 0)
             process = next((p for p in self.processes if p.pid == pid), None)
             if process is not None:
@@ -383,6 +402,17 @@ class Fleet:
                 worker = pool.workers.get(pid)
                 if worker is not None:
                     self.worker_exited(pool, worker, status, now)
+
+    def end_strays(self) -> None:
+        """Kill what a dead worker's job left that escaped its process group (a daemon that
+        called setsid): the supervisor is a subreaper, so it was re-parented to us. Any child
+        that is neither a worker nor a store process is such a stray."""
+        known = {pid for p in self.pools.values() for pid in p.workers}
+        known.update(p.pid for p in self.processes if p.pid is not None)
+        for pid in tree.children(self.pid):
+            if pid not in known:
+                tree.end_all(root=pid)
+                tree.signal_all([pid], signal.SIGKILL)
 
     def worker_exited(self, pool: Pool, worker: WorkerHandle, status: int, now: float) -> None:
         assert self.loop is not None

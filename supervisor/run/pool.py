@@ -17,7 +17,12 @@ from supervisor.config import PoolConfig
 from supervisor.model import ClaimLimits
 from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
 from supervisor.run.workerproc import WorkerHandle, WorkerState
+from workers import tree
 from workers.runtime import WorkerSpec
+
+# a pool whose workers retire after at most this many jobs keeps one booted spare worker (when
+# it fits under the pool's ceiling), so a job never waits for a fork
+SPARE_AT_MOST = 10
 
 # seconds past timeout + soft_timeout at which a worker ends itself (its deadline alarm), if
 # the supervisor's own kill, due a second or two earlier, has not come
@@ -40,6 +45,12 @@ class Pool:
     recent_duration: float | None = None  # handler time of recent jobs (policy.recent_duration)
     # kinds no job of which may start here: paused fleet-wide (run/controls.py sets it)
     paused_kinds: frozenset[str] = frozenset()
+    owed: int = 0  # workers that retired (Recycling) and were reaped before a replacement
+    ceiling: int | None = None  # the scaler's last ceiling (max_workers until it has one)
+    # a worker at rest, as the kernel counts it (workers.tree.memory_split), measured by the
+    # scaler on one ready worker: the pages every worker shares, and those it has alone
+    shared_baseline: int | None = None
+    private_at_rest: int | None = None
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -84,12 +95,40 @@ class Pool:
     def job_took(self, duration: float) -> None:
         self.recent_duration = recent_duration(self.recent_duration, duration)
 
+    def spares(self) -> int:
+        """Booted workers kept idle beside ``target``: one where workers retire after a job
+        or a few (``SPARE_AT_MOST``), when it fits under the ceiling (a spare counts against
+        it, and so against the memory budget, like any worker), none otherwise or at zero."""
+        recycle = self.config.max_jobs_per_worker
+        if recycle is None or recycle > SPARE_AT_MOST or self.target == 0:
+            return 0
+        ceiling = self.ceiling if self.ceiling is not None else self.config.max_workers
+        return 1 if self.target < ceiling else 0
+
+    def wanted(self) -> int:
+        """Workers to keep: the target and the spare."""
+        return self.target + self.spares()
+
+    def running_cap(self) -> int | None:
+        """How many workers may hold jobs at once while a spare is kept (the target), else
+        None: every worker may."""
+        return self.target if self.spares() else None
+
+    def measure_memory(self) -> None:
+        """Read the shared and private memory of one ready worker (the longest-lived idle
+        one: its boot's copy-on-write is done)."""
+        ready = sorted(self.idle(), key=lambda w: w.spawned_at)
+        for worker in ready[:1]:
+            split = tree.memory_split(worker.pid)
+            if split is not None:
+                self.private_at_rest, self.shared_baseline = split
+
     def live(self) -> int:
         """Workers that count towards the target (not those being killed)."""
         return sum(1 for w in self.workers.values() if w.state != WorkerState.STOPPING)
 
     def spawn_due(self, now: float) -> bool:
-        return self.live() < self.target and now >= self.next_spawn_at
+        return self.live() < self.wanted() and now >= self.next_spawn_at
 
     def spec(self) -> WorkerSpec:
         """The spec of the next worker: the lowest free slot."""
@@ -108,11 +147,22 @@ class Pool:
             user=c.user,
             group=c.group,
             hard_deadline=c.timeout + (c.soft_timeout or 0.0) + HARD_DEADLINE_GRACE,
+            private_shm=c.private_shm,
         )
+
+    def take_replacement(self) -> bool:
+        """Whether the next fork replaces a worker that retired after its job (one said
+        Recycling and is still exiting, or was reaped unreplaced); counts it as replaced."""
+        if self.owed:
+            self.owed -= 1
+            return True
+        return any(w.recycling for w in self.workers.values())
 
     def worker_gone(self, worker: WorkerHandle, booted: bool, now: float) -> None:
         """Forget a reaped worker; back off when workers keep dying before they are ready."""
         self.workers.pop(worker.pid, None)
+        if worker.recycling and self.live() < self.wanted():
+            self.owed += 1
         if booted or worker.kill_reason is not None:
             self.boot_failures = 0
             return

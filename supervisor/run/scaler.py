@@ -108,6 +108,8 @@ class Scaler:
             return
         stats, history, nodes = reply.value
         self.live_nodes = max(1, sum(1 for n in nodes if _live(n)))
+        for pool in self.pools.values():
+            pool.measure_memory()  # the shared baseline the ceiling counts once
         limits = ceilings(
             [self._sizing(p, history[n]) for n, p in self.pools.items()],
             self.cores,
@@ -126,6 +128,7 @@ class Scaler:
             c.job_memory,
             history.peaks,
             c.max_inflight,
+            pool.shared_baseline or 0,
         )
 
     def _decide(
@@ -149,6 +152,7 @@ class Scaler:
         if pool.paused:  # its backlog waits on purpose: no more workers for it
             s.desired = min(s.desired, pool.target)
         s.ceiling = ceiling
+        pool.ceiling = ceiling.value  # a spare worker must fit under it too
         target, s.state = next_target(
             pool.target, s.desired, ceiling.value, c.min_workers, s.state, now, c.scale_in_cooldown
         )

@@ -6,8 +6,15 @@ Two limits, checked every watchdog tick (tens of milliseconds) for busy workers 
   worker (~7 µs). The child's RLIMIT_DATA stops instant bombs itself; this stops the gradual
   ones, with an overshoot bounded by the poll period times the allocation rate.
 
-What it cannot see: memory of the job's own subprocesses (only the worker's RSS is read), and
-a job that finishes between two polls above the limit.
+Memory is the job's whole tree: the worker's RSS plus the proportional set size of each of its
+descendants (the worker is a subreaper, so a daemon the job left is still one of them;
+``workers.tree``). A worker without descendants costs one ``children`` read more per poll.
+
+A command handler (``workers.command``) stops its own program at the job's deadline (SIGTERM,
+a short grace, SIGKILL) and reports ``timeout`` itself, so for its kinds the deadline here is
+``COMMAND_GRACE`` later: the worker's kill ladder runs first, this kill is the backstop.
+
+What it cannot see: a job that finishes between two polls above the limit.
 """
 
 from __future__ import annotations
@@ -18,8 +25,16 @@ from supervisor.config import PoolConfig
 from supervisor.policy import KillKind, KillReason
 from supervisor.run.workerproc import WorkerHandle, WorkerState
 from supervisor.units import format_duration, format_size
+from workers import tree
+from workers.command import TERM_GRACE, CommandSpec
 
 PERIOD = 0.02  # seconds between watchdog passes while a job runs
+COMMAND_GRACE = TERM_GRACE + 0.5  # past the deadline, for a command's own stop to report
+
+
+def grace(config: PoolConfig, kind: str) -> float:
+    """Seconds past the deadline before the watchdog acts on a job of ``kind``."""
+    return COMMAND_GRACE if isinstance(config.handlers.get(kind), CommandSpec) else 0.0
 
 
 def inspect(
@@ -33,18 +48,23 @@ def inspect(
         if worker.state != WorkerState.BUSY or job is None or worker.kill_reason is not None:
             continue
         config = pools[worker.pool]
-        if now >= job.deadline:
+        if now >= job.deadline + grace(config, job.claimed.kind):
             orders.append((worker, _deadline_order(worker, config, now)))
             continue
         limit = config.memory_limit
         if limit is None:
             continue
-        rss = worker.rss()
+        rss, procs = tree.tree_memory(worker.pid, worker.rss())
         if rss is not None:
             worker.last_rss = max(worker.last_rss or 0, rss)
         if rss is not None and rss > limit:
+            what = (
+                f"memory of the worker and {procs} process(es) of its job"
+                if procs
+                else "worker RSS"
+            )
             detail = (
-                f"worker RSS {format_size(rss)} passed memory_limit {format_size(limit)} "
+                f"{what} {format_size(rss)} passed memory_limit {format_size(limit)} "
                 f"(peak seen {format_size(worker.last_rss or rss)}); stopped by the watchdog"
             )
             orders.append((worker, KillReason(KillKind.MEMORY_LIMIT, detail)))

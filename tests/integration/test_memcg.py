@@ -81,7 +81,11 @@ def test_a_job_whose_subprocesses_pass_the_limit_ends_memory_limit(
 
     assert job.state == JobState.DEAD, job
     assert job.error_kind == ErrorKind.MEMORY_LIMIT, job
-    assert "cgroup limit of 384MiB" in (job.last_error or ""), job.last_error
+    # Since the watchdog counts the job's tree (workers/tree.py) it usually stops this at
+    # memory_limit before the kernel does at the cgroup's limit; either is right here (the
+    # /dev/shm test below is one only the cgroup sees)
+    by_watchdog = "process(es) of its job" in (job.last_error or "")
+    assert by_watchdog or "cgroup limit of 384MiB" in (job.last_error or ""), job.last_error
     assert f"memory_limit {LIMIT_MIB}MiB" in (job.last_error or ""), job.last_error
     assert neighbour.state == JobState.DONE
     # the worker was replaced and the old one's cgroup removed; the new one has its own
@@ -90,7 +94,7 @@ def test_a_job_whose_subprocesses_pass_the_limit_ends_memory_limit(
     )
     assert len(new) == 1
     eventually(lambda: not worker_cg.exists())
-    assert "kernel OOM-killed" in sup.log() or "killed by the kernel" in sup.log()
+    assert by_watchdog or "kernel OOM-killed" in sup.log() or "killed by the kernel" in sup.log()
 
     sup.signal(signal.SIGTERM)
     assert sup.wait_exit(15) == 0

@@ -66,3 +66,70 @@ def shm_bomb(payload: dict[str, Any]) -> int:
     finally:
         os.close(fd)
     return mib
+
+
+# A process that leaves a daemon behind: double fork, setsid, the daemon writes its pid to
+# argv[1] (atomically) and sleeps; the first process waits for the file, prints the pid, exits.
+DAEMON = (
+    "import os, sys, time\n"
+    "path = sys.argv[1]\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        open(path + '.tmp', 'w').write(str(os.getpid()))\n"
+    "        os.rename(path + '.tmp', path)\n"
+    "        time.sleep(1000)\n"
+    "    os._exit(0)\n"
+    "os.wait()\n"
+    "while not os.path.exists(path):\n"
+    "    time.sleep(0.005)\n"
+    "print(open(path).read(), flush=True)\n"
+)
+
+
+def leave_daemon(payload: dict[str, Any]) -> int:
+    """Start a daemon (double fork, setsid) from the worker itself, as a library might, and
+    return its pid once it runs. ``hang``: then sleep that long (past the job's timeout)."""
+    import os
+    import time
+
+    path = payload["pidfile"]
+    if os.fork() == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                with open(path + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.rename(path + ".tmp", path)
+                time.sleep(1000)
+        finally:
+            os._exit(0)
+    os.wait()
+    while not os.path.exists(path):
+        time.sleep(0.005)
+    time.sleep(float(payload.get("hang", 0)))
+    with open(path) as f:
+        return int(f.read())
+
+
+def shm_files(payload: dict[str, Any]) -> dict[str, Any]:
+    """List /dev/shm, then write ``payload["write"]`` there (if given) and leave it; the
+    worker's pid and the listing."""
+    import os
+
+    found = sorted(os.listdir("/dev/shm"))
+    if payload.get("write"):
+        with open(os.path.join("/dev/shm", payload["write"]), "w") as f:
+            f.write("left behind")
+    return {"pid": os.getpid(), "files": found}
+
+
+def shm_fill(payload: dict[str, Any]) -> int:
+    """Write ``mib`` MiB (default 450) to a named file in /dev/shm and leave it there."""
+    import os
+
+    with open(f"/dev/shm/fleetd-fill-{os.getpid()}", "wb") as f:
+        block = b"x" * (1 << 20)
+        for _ in range(int(payload.get("mib", 450))):
+            f.write(block)
+    return int(payload.get("mib", 450))

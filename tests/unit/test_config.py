@@ -17,6 +17,7 @@ from supervisor.config import (
     parse_config,
 )
 from supervisor.errors import ConfigError, UnknownKind
+from workers.command import CommandSpec
 
 MiB, GiB = 2**20, 2**30
 EXAMPLE = Path(__file__).resolve().parents[2] / "conf" / "fleet.example.toml"
@@ -485,7 +486,7 @@ def test_unknown_pool_keys(tmp_path: Path, line: str, key: str, suggestion: str 
     message = error(tmp_path, BULK + line + "\n")
     assert message.startswith(f"{key}: unknown key (")
     assert "known: handlers, min_workers, max_workers, " in message
-    assert "nproc_limit)" in message
+    assert "nproc_limit, private_shm)" in message
     if suggestion:
         assert f"did you mean {suggestion!r}?" in message
     else:
@@ -575,7 +576,12 @@ def test_example_loads() -> None:
     assert poison.timeout < default.timeout
     assert poison.max_deliveries < default.max_deliveries
     assert all(
-        ref.startswith("app.") for pool in config.pools.values() for ref in pool.handlers.values()
+        isinstance(ref, CommandSpec) or ref.startswith("app.")
+        for pool in config.pools.values()
+        for ref in pool.handlers.values()
+    )
+    assert poison.handlers["pdf_text"] == CommandSpec(
+        ("pdftotext", "-layout", "{path}", "-"), 30.0, frozenset({1, 3})
     )
 
 

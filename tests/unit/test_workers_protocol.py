@@ -122,7 +122,7 @@ def test_encode_refuses_a_frame_over_the_limit() -> None:
         body([2, "Ping", True]),
         body([2, "Pong", 1, 1.5]),
         body([2, "Returned", None]),
-        body([2, "JobFailed", 1, "crashed", "", "", 0, None]),
+        body([2, "JobFailed", 1, "lease_expired", "", "", 0, None]),
     ],
 )
 def test_malformed_frames_raise_protocol_error(frame: bytes) -> None:

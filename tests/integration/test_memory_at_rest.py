@@ -1,0 +1,75 @@
+"""Memory counted as the kernel counts it, on both engines: 50 io workers at rest show a
+per-worker figure near their private memory (a few MiB) beside the pool's shared baseline,
+in ``fleetd status`` (text and JSON) and ``fleetd check``, and the pool's memory ceiling is
+computed from them: the budget less the shared baseline, counted once, divided by what one
+worker adds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.integration.fleet import Harness, handlers
+from tests.support.wait import eventually
+
+MIB = 1 << 20
+WORKERS = 50
+
+
+def fleetd(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "160"} | dict(__import__("os").environ),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_fifty_io_workers_count_their_shared_pages_once(fleet: Harness) -> None:
+    config = fleet.configure(
+        {
+            "io": {
+                "handlers": handlers("echo"),
+                "bound": "io",
+                "min_workers": WORKERS,
+                "max_workers": 200,
+                "job_memory": "46MiB",
+                "memory_limit": "256MiB",
+            }
+        },
+        memory_budget="2GiB",
+        memory_cgroup=False,
+        scale_interval="500ms",
+    )
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "io", WORKERS)
+
+    def measured() -> dict | None:
+        snap = sup.snapshot(fleet.store)
+        pool = snap["pools"]["io"] if snap else {}
+        return pool if pool.get("shared_baseline") else None
+
+    pool = eventually(measured, timeout=20)
+    private, shared = pool["private_at_rest"], pool["shared_baseline"]
+    assert private < 16 * MIB < shared, (private, shared)  # a few MiB alone; most shared
+    # the ceiling: (2 GiB - shared) / (46 MiB - shared), far above 2 GiB / 46 MiB = 44
+    per_worker = max(46 * MIB - shared, MIB)
+    assert pool["ceiling"] == min(200, (2048 * MIB - shared) // per_worker), pool
+    assert pool["ceiling"] > 2048 // 46
+
+    text = fleetd("status", "-c", str(config), "--once")
+    assert "at rest" in text and "M shared" in text, text
+    status = json.loads(fleetd("status", "-c", str(config), "--json"))
+    row = status["pools"]["io"]
+    assert row["private_at_rest"] < 16 * MIB < row["shared_baseline"], row
+
+    plan = json.loads(fleetd("check", "-c", str(config), "--json"))["pools"]["io"]
+    rest, sizing = plan["memory_at_rest"], plan["sizing"]
+    assert rest["private"] < 16 * MIB < rest["shared"], rest
+    assert sizing["shared"] == rest["shared"]
+    assert sizing["memory"] == (sizing["memory_share"] - rest["shared"]) // sizing["per_worker"]
+    assert "at rest: a worker" in fleetd("check", "-c", str(config))

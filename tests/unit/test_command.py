@@ -1,0 +1,189 @@
+"""Command handlers' pure decisions (workers/command.py) and their config (supervisor/config.py):
+argv substitution, the result of stdout, how an ending is classified, and the one-line errors
+of a bad handler table."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import load_config
+from supervisor.errors import ConfigError
+from workers import protocol
+from workers.command import (
+    RESULT_TEXT,
+    CommandSpec,
+    Ending,
+    MissingField,
+    classify,
+    result_of,
+    stderr_tail,
+    substitute,
+)
+
+SPEC = CommandSpec(("/usr/bin/pdftotext", "{path}", "-"), 5.0, frozenset({2, 65}))
+
+# ---- substitute ----
+
+SUBSTITUTIONS = [
+    (("p", "{path}"), {"path": "a b.pdf"}, ["p", "a b.pdf"]),  # one argument, spaces kept
+    (("p", "--page={n}", "{n}"), {"n": 3}, ["p", "--page=3", "3"]),  # inside an argument
+    (("p", "{x}"), {"x": 1.5}, ["p", "1.5"]),
+    (("p", "{'a': 1}", "{}", "{ x }"), {}, ["p", "{'a': 1}", "{}", "{ x }"]),  # not names
+    (("p", "$HOME", "*", "; rm -rf /"), {}, ["p", "$HOME", "*", "; rm -rf /"]),  # no shell
+    (("p", "{a}{b}"), {"a": "-", "b": "x"}, ["p", "-x"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "payload", "expected"), SUBSTITUTIONS)
+def test_substitute(argv: tuple[str, ...], payload: dict, expected: list[str]) -> None:
+    assert substitute(argv, payload) == expected
+
+
+MISSING = [
+    ({"other": 1}, "has no field 'path'"),
+    ({"path": None}, "is a null"),
+    ({"path": True}, "is a bool"),
+    ({"path": ["a"]}, "is a list"),
+    ({"path": {"a": 1}}, "is a dict"),
+    ({"path": "a\0b"}, "NUL"),
+    (["path"], "not a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("payload", "fragment"), MISSING)
+def test_substitute_refuses(payload: object, fragment: str) -> None:
+    with pytest.raises(MissingField, match=fragment.replace("(", r"\(")):
+        substitute(("p", "{path}"), payload)
+
+
+def test_placeholders_in_order_once_each() -> None:
+    spec = CommandSpec(("p", "{b}", "{a}-{b}", "x"))
+    assert spec.placeholders() == ["b", "a"]
+
+
+# ---- result_of ----
+
+RESULTS = [
+    (b'{"pages": 3}\n', True, {"exit_code": 0, "json": {"pages": 3}}),
+    (b"42", True, {"exit_code": 0, "json": 42}),
+    (b"hello\n", True, {"exit_code": 0, "text": "hello\n"}),
+    (b"", True, {"exit_code": 0, "text": ""}),
+    (b"NaN", True, {"exit_code": 0, "text": "NaN"}),  # not storable JSON: text
+    (b'{"a": 1}', False, {"exit_code": 0, "text": '{"a": 1}'}),  # cut: never JSON
+    (b"\xff\xfe", True, {"exit_code": 0, "text": "\ufffd\ufffd"}),
+]
+
+
+@pytest.mark.parametrize(("stdout", "complete", "expected"), RESULTS)
+def test_result_of(stdout: bytes, complete: bool, expected: dict) -> None:
+    assert result_of(stdout, complete) == expected
+
+
+def test_result_text_is_the_last_4_kib() -> None:
+    text = result_of(b"a" * 10_000 + b"END", True)["text"]
+    assert len(text) == RESULT_TEXT and text.endswith("END")
+
+
+def test_stderr_tail_keeps_the_last_lines_on_one_line() -> None:
+    stderr = b"".join(b"line %d\n" % i for i in range(30)) + b"\n  \nfinal words\n"
+    tail = stderr_tail(stderr)
+    assert tail.endswith("line 29 | final words") and "line 20" not in tail and "\n" not in tail
+
+
+# ---- classify ----
+
+
+def exited(code: int) -> int:
+    return code << 8
+
+
+CLASSIFY = [
+    # (ending, error_kind or None for done, fragments of the message)
+    (Ending(exited(0)), None, []),
+    (
+        Ending(exited(1)),
+        protocol.EXCEPTION,
+        ["pdftotext exited with code 1", "stderr: warming up | boom"],
+    ),
+    (Ending(exited(65)), protocol.PERMANENT, ["code 65 (a permanent code", "boom"]),
+    (Ending(exited(2)), protocol.PERMANENT, ["code 2"]),
+    (Ending(signal.SIGSEGV), protocol.CRASHED, ["killed by SIGSEGV", "boom"]),
+    (Ending(signal.SIGKILL), protocol.CRASHED, ["killed by SIGKILL"]),
+    (Ending(signal.SIGKILL, "timeout", 2.04), protocol.TIMEOUT, ["past its timeout (2.0s)"]),
+    (
+        Ending(signal.SIGTERM, "stall", 1.0, 1.0),
+        protocol.TIMEOUT,
+        ["wrote nothing to stdout or stderr for 1s (stall_timeout)"],
+    ),
+    (Ending(exited(0), "timeout", 3.0), protocol.TIMEOUT, ["timeout"]),  # our stop wins
+]
+
+
+@pytest.mark.parametrize(("ending", "kind", "fragments"), CLASSIFY)
+def test_classify(ending: Ending, kind: str | None, fragments: list[str]) -> None:
+    outcome = classify(SPEC, ending, b'{"ok": true}', True, b"warming up\nboom\n")
+    assert outcome.error_kind == kind
+    if kind is None:
+        assert outcome.result == {"exit_code": 0, "json": {"ok": True}}
+    for fragment in fragments:
+        assert fragment in outcome.message
+
+
+def test_exit_status_helpers_agree_with_the_kernel() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(65)
+    _, status = os.waitpid(pid, 0)
+    assert status == exited(65)
+
+
+# ---- config ----
+
+POOL = "[pools.media]\nhandlers = { pdf_text = { %s } }\n"
+
+CONFIG_ERRORS = [
+    ("command = []", "pools.media.handlers.pdf_text.command", "[] is not a command"),
+    ('command = "pdftotext"', "pools.media.handlers.pdf_text.command", "is not a command"),
+    ('command = ["", "x"]', "pools.media.handlers.pdf_text.command[0]", "not a program"),
+    ('command = ["x", 3]', "pools.media.handlers.pdf_text.command[1]", "not a string"),
+    ('command = ["{prog}"]', "pools.media.handlers.pdf_text.command[0]", "fixed program"),
+    ('command = ["x"], timeout = 3', "pools.media.handlers.pdf_text.timeout", "unknown key"),
+    (
+        'command = ["x"], stall_timeout = "0s"',
+        "pools.media.handlers.pdf_text.stall_timeout",
+        "zero",
+    ),
+    (
+        'command = ["x"], permanent_codes = [0]',
+        "pools.media.handlers.pdf_text.permanent_codes[0]",
+        "not an exit code",
+    ),
+    (
+        'command = ["x"], permanent_codes = 2',
+        "pools.media.handlers.pdf_text.permanent_codes",
+        "not a list",
+    ),
+    ('stall_timeout = "1s"', "pools.media.handlers.pdf_text", "without command"),
+]
+
+
+@pytest.mark.parametrize(("table", "key", "fragment"), CONFIG_ERRORS)
+def test_config_errors(tmp_path: Path, table: str, key: str, fragment: str) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(POOL % table)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    message = str(caught.value)
+    assert "\n" not in message and f": {key}: " in message and fragment in message
+
+
+def test_config_reads_a_command(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    table = 'command = ["sh", "-c", "cat", "{x}"], stall_timeout = "250ms", permanent_codes = [3]'
+    path.write_text(POOL % table)
+    spec = load_config(path, environ={}).pools["media"].handlers["pdf_text"]
+    assert spec == CommandSpec(("sh", "-c", "cat", "{x}"), 0.25, frozenset({3}))

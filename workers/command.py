@@ -1,0 +1,386 @@
+"""Command handlers: a job kind that runs a program instead of a Python function.
+
+::
+
+    [pools.media]
+    handlers = { pdf_text = { command = ["pdftotext", "-layout", "{path}", "-"],
+                              stall_timeout = "30s", permanent_codes = [2, 65] } }
+
+One job, inside the worker (so inside its rlimits, its cgroup and its process group)::
+
+    argv = substitute(command, payload)       {path} <- payload["path"]; missing: permanent
+    a fresh empty folder: cwd, HOME, TMPDIR   removed afterwards
+    fork + exec, no shell                     SIGINT/SIGTERM back to default, PDEATHSIG
+    stdin  <- the payload as JSON             stdout, stderr <- read as they come
+    wait for: exit | the job's deadline | stall_timeout without a byte of output
+       deadline / stall -> SIGTERM to the job's tree, TERM_GRACE, SIGKILL
+    classify(...)                             exit 0: done, the result from stdout;
+                                              else exception / permanent / crashed / timeout
+
+The decisions (``substitute``, ``result_of``, ``classify``) are pure and table-tested; the
+runner only does I/O. The job's leftovers (a daemon it started) are killed by the runtime
+after every job, command or not (``workers.tree``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workers import context, limits, protocol, tree
+from workers.outcome import Outcome
+
+TERM_GRACE = 0.5  # seconds between SIGTERM and SIGKILL when a command is stopped
+RESULT_TEXT = 4096  # bytes of stdout kept as the result when it is not JSON
+STDOUT_KEEP = 8 * 1024 * 1024  # stdout kept whole up to this, for JSON; past it only the tail
+STDERR_KEEP = 64 * 1024  # bytes of stderr kept (its tail)
+STDERR_LINES = 10  # lines of stderr's tail in last_error
+STDERR_CHARS = 1500  # ... at most this many characters of them
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """A command handler as configured: ``argv`` with ``{name}`` placeholders, the stall
+    timeout in seconds (None: none) and the exit codes that dead-letter at once."""
+
+    argv: tuple[str, ...]
+    stall_timeout: float | None = None
+    permanent_codes: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.argv or not all(isinstance(a, str) for a in self.argv) or not self.argv[0]:
+            raise ValueError(f"a command needs a program and string arguments: {self.argv!r}")
+
+    @property
+    def program(self) -> str:
+        return self.argv[0]
+
+    def placeholders(self) -> list[str]:
+        """The payload fields the command names, in order, once each."""
+        names: list[str] = []
+        for arg in self.argv:
+            names += [n for n in PLACEHOLDER.findall(arg) if n not in names]
+        return names
+
+
+class MissingField(Exception):
+    """A placeholder names a payload field that is missing or not a string or number."""
+
+
+def substitute(argv: tuple[str, ...], payload: Any) -> list[str]:
+    """``argv`` with each ``{name}`` replaced by the payload's top-level field ``name`` (a
+    string or a number). Raises MissingField naming the field and why.
+
+    >>> substitute(("convert", "{src}", "out-{n}.png"), {"src": "a.pdf", "n": 3})
+    ['convert', 'a.pdf', 'out-3.png']
+    """
+
+    def value(match: re.Match[str]) -> str:
+        name = match[1]
+        if not isinstance(payload, Mapping):
+            raise MissingField(f"the payload is not a JSON object, so it has no field {name!r}")
+        if name not in payload:
+            raise MissingField(f"the payload has no field {name!r} (the command uses {{{name}}})")
+        field = payload[name]
+        if isinstance(field, bool) or not isinstance(field, str | int | float):
+            kind = "null" if field is None else type(field).__name__
+            raise MissingField(
+                f"the payload's field {name!r} is a {kind} (expected a string or a number)"
+            )
+        if isinstance(field, str) and "\0" in field:
+            raise MissingField(f"the payload's field {name!r} contains a NUL byte")
+        return str(field)
+
+    return [PLACEHOLDER.sub(value, arg) for arg in argv]
+
+
+def result_of(stdout: bytes, complete: bool, code: int = 0) -> dict[str, Any]:
+    """The result of a command that exited 0: ``{"exit_code": 0, "json": value}`` when stdout
+    is one JSON value, else ``{"exit_code": 0, "text": its last 4 KiB}``. ``complete`` is
+    False when stdout was longer than what was kept (then it is only text)."""
+    if complete and stdout.strip():
+        try:
+            return {"exit_code": code, "json": json.loads(stdout, parse_constant=_no_constant)}
+        except (ValueError, RecursionError):
+            pass
+    return {"exit_code": code, "text": stdout[-RESULT_TEXT:].decode("utf-8", "replace")}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON a database can store")
+
+
+def stderr_tail(stderr: bytes) -> str:
+    """The last lines of stderr on one line (`` | `` between them), for ``last_error``."""
+    lines = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines()]
+    text = " | ".join([line for line in lines if line][-STDERR_LINES:])
+    return text[-STDERR_CHARS:]
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a command ended: its wait status (None if it could not be started), and why the
+    runner stopped it, if it did ("timeout" or "stall")."""
+
+    status: int | None
+    stopped_for: str | None = None
+    duration: float = 0.0
+    stall_timeout: float | None = None
+
+
+def classify(
+    spec: CommandSpec, ending: Ending, stdout: bytes, complete: bool, stderr: bytes
+) -> Outcome:
+    """A finished command -> the job's outcome (pure). The runner's own stop wins: timeout or
+    stall are ``timeout``; then exit 0 is done, a code in ``permanent_codes`` is
+    ``permanent``, another code ``exception``, a signal ``crashed``."""
+    prog = os.path.basename(spec.program)
+    tail = stderr_tail(stderr)
+    said = f"; stderr: {tail}" if tail else "; no stderr"
+    if ending.stopped_for == "timeout":
+        message = f"{prog} ran past its timeout ({ending.duration:.1f}s): stopped{said}"
+        return Outcome(error_kind=protocol.TIMEOUT, message=message, tail=tail)
+    if ending.stopped_for == "stall":
+        stall = ending.stall_timeout or 0.0
+        message = (
+            f"{prog} wrote nothing to stdout or stderr for {stall:g}s (stall_timeout): "
+            f"stopped{said}"
+        )
+        return Outcome(error_kind=protocol.TIMEOUT, message=message, tail=tail)
+    status = ending.status if ending.status is not None else 0
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return Outcome(error_kind=protocol.CRASHED, message=f"{prog} was killed by {name}{said}")
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+    if code == 0:
+        return Outcome(result=result_of(stdout, complete, 0))
+    if code in spec.permanent_codes:
+        message = f"{prog} exited with code {code} (a permanent code: not retried){said}"
+        return Outcome(error_kind=protocol.PERMANENT, message=message, tail=tail)
+    message = f"{prog} exited with code {code}{said}"
+    return Outcome(error_kind=protocol.EXCEPTION, message=message, tail=tail)
+
+
+class CommandHandler:
+    """The callable a command kind resolves to (``workers.handlers``). ``run`` returns an
+    ``Outcome`` and never raises; calling it like a Python handler returns the result or
+    raises ``CommandError`` (tests, and code that calls handlers directly)."""
+
+    def __init__(self, spec: CommandSpec) -> None:
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"CommandHandler({list(self.spec.argv)!r})"
+
+    def __call__(self, payload: Any) -> Any:
+        outcome = self.run(payload)
+        if outcome.error_kind is not None:
+            raise CommandError(outcome.message)
+        return outcome.result
+
+    def run(self, payload: Any) -> Outcome:
+        start = time.monotonic()
+        try:
+            argv = substitute(self.spec.argv, payload)
+        except MissingField as exc:
+            return Outcome(error_kind=protocol.PERMANENT, message=f"{exc}: not run")
+        folder = tempfile.mkdtemp(prefix="fleetd-job-")
+        try:
+            outcome = _Run(self.spec, argv, payload, folder, start).run()
+        finally:
+            tree.end_all()  # anything it left running holds the folder open
+            shutil.rmtree(folder, ignore_errors=True)
+        outcome.duration = time.monotonic() - start
+        return outcome
+
+
+class CommandError(Exception):
+    """A command handler called directly (not by the runtime) failed."""
+
+
+def job_environment(folder: str) -> dict[str, str]:
+    """The worker's environment with the job's folder as HOME and TMPDIR, and the job named."""
+    env = dict(os.environ)
+    env.update(HOME=folder, TMPDIR=folder, TMP=folder, TEMP=folder)
+    try:
+        job = context.current_job()
+    except RuntimeError:
+        return env
+    env.update(
+        FLEETD_JOB_ID=str(job.id),
+        FLEETD_JOB_KIND=job.kind,
+        FLEETD_JOB_ATTEMPT=str(job.attempt),
+        FLEETD_JOB_DEADLINE=f"{job.deadline:.3f}",
+    )
+    return env
+
+
+def _deadline(start: float) -> float:
+    """The job's deadline on the monotonic clock (inf outside a job)."""
+    try:
+        job = context.current_job()
+    except RuntimeError:
+        return float("inf")
+    return start + max(0.0, job.deadline - time.time())
+
+
+def _in_child() -> None:
+    """Between fork and exec: default SIGINT/SIGTERM (the worker ignores them, and an
+    ignored signal stays ignored across exec, so SIGTERM could not stop the program), an
+    empty signal mask, and death with the worker."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    limits.set_pdeathsig(signal.SIGKILL)
+
+
+class _Run:
+    """One command's I/O: feed stdin, collect stdout and stderr, stop it when due."""
+
+    def __init__(
+        self, spec: CommandSpec, argv: list[str], payload: Any, folder: str, start: float
+    ) -> None:
+        self.spec = spec
+        self.argv = argv
+        self.stdin = json.dumps(payload, allow_nan=False).encode()
+        self.folder = folder
+        self.start = start
+        self.deadline = _deadline(start)
+        self.out = bytearray()
+        self.out_complete = True
+        self.err = bytearray()
+        self.last_output = start
+        self.peak = 0
+
+    def run(self) -> Outcome:
+        try:
+            proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.folder,
+                env=job_environment(self.folder),
+                preexec_fn=_in_child,
+                close_fds=True,
+            )
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            message = f"cannot start {self.spec.program!r}: {why}"
+            return Outcome(error_kind=protocol.EXCEPTION, message=message)
+        ending = self._communicate(proc)
+        outcome = classify(self.spec, ending, bytes(self.out), self.out_complete, bytes(self.err))
+        outcome.child_peak = self.peak
+        return outcome
+
+    def _communicate(self, proc: subprocess.Popen[bytes]) -> Ending:
+        assert proc.stdin and proc.stdout and proc.stderr
+        pidfd = os.pidfd_open(proc.pid)
+        streams = {proc.stdout.fileno(): self.out, proc.stderr.fileno(): self.err}
+        stdin_fd = proc.stdin.fileno()
+        for fd in (*streams, stdin_fd):
+            os.set_blocking(fd, False)
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        for fd in streams:
+            poller.register(fd, select.POLLIN)
+        poller.register(stdin_fd, select.POLLOUT)
+        pending = memoryview(self.stdin)
+        stopped_for: str | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                stall_at = (
+                    self.last_output + self.spec.stall_timeout
+                    if self.spec.stall_timeout is not None
+                    else float("inf")
+                )
+                if now >= self.deadline or now >= stall_at:
+                    stopped_for = "timeout" if now >= self.deadline else "stall"
+                    self._stop(proc.pid, pidfd)
+                    break
+                wait = min(self.deadline, stall_at) - now
+                events = poller.poll(None if wait == float("inf") else max(1, wait * 1000 + 1))
+                exited = False
+                for fd, _ in events:
+                    if fd == pidfd:
+                        exited = True
+                    elif fd == stdin_fd:
+                        pending = self._feed(proc, pending, poller)
+                    else:
+                        if not self._read(fd, streams[fd]):
+                            poller.unregister(fd)
+                if exited:
+                    for fd, buf in streams.items():  # what it wrote before it exited
+                        self._read(fd, buf)
+                    break
+        finally:
+            os.close(pidfd)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                with contextlib.suppress(OSError):
+                    stream.close()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = 0  # reaped here, with its rusage: Popen must not wait again
+        self.peak = usage.ru_maxrss * 1024
+        return Ending(status, stopped_for, time.monotonic() - self.start, self.spec.stall_timeout)
+
+    def _feed(
+        self, proc: subprocess.Popen[bytes], pending: memoryview, poller: select.poll
+    ) -> memoryview:
+        """Write what the pipe takes of the payload; close stdin once all is written (or the
+        program closed its end: not reading its stdin is allowed)."""
+        assert proc.stdin is not None
+        try:
+            pending = pending[os.write(proc.stdin.fileno(), pending) :]
+        except BlockingIOError:
+            return pending
+        except OSError:  # EPIPE: it does not read its stdin
+            pending = pending[len(pending) :]
+        if not pending:
+            poller.unregister(proc.stdin.fileno())
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        return pending
+
+    def _read(self, fd: int, buf: bytearray) -> bool:
+        """Read what is there; False at end of file."""
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            self.last_output = time.monotonic()
+            buf += data
+            keep = STDOUT_KEEP if buf is self.out else STDERR_KEEP
+            if len(buf) > keep:
+                if buf is self.out:
+                    self.out_complete = False
+                del buf[: len(buf) - max(RESULT_TEXT, keep // 2)]
+
+    def _stop(self, pid: int, pidfd: int) -> None:
+        """SIGTERM to the program and everything the job started, TERM_GRACE for the program
+        to exit, then SIGKILL to whatever is left."""
+        tree.signal_all(tree.descendants(), signal.SIGTERM)
+        select.select([pidfd], [], [], TERM_GRACE)
+        tree.signal_all([pid], signal.SIGKILL)
+        tree.signal_all(tree.descendants(), signal.SIGKILL)
