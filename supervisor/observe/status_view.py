@@ -137,11 +137,13 @@ def _rss(p: PoolSummary) -> str:
     return f"RSS p95 {size(p.peak_rss_p95)}/{size(p.memory_limit) if p.memory_limit else '∞'}"
 
 
-def _at_rest(p: PoolSummary) -> str:
-    """``5M + 40M shared``: a ready worker as the kernel counts it, its private pages and
-    those every worker of the pool shares (counted once by the sizing)."""
+def _at_rest(p: PoolSummary, compact: bool = False) -> str:
+    """``5M + 40M shared`` (compact: ``5M+40M``): a ready worker as the kernel counts it, its
+    private pages and those every worker of the pool shares (counted once by the sizing)."""
     if p.private_at_rest is None or p.shared_baseline is None:
         return "-"
+    if compact:
+        return f"{size(p.private_at_rest)}+{size(p.shared_baseline)}"
     return f"{size(p.private_at_rest)} + {size(p.shared_baseline)} shared"
 
 
@@ -215,7 +217,7 @@ def _pool_table(pools: tuple[PoolSummary, ...]) -> Table:
         table.add_column(name, no_wrap=True, overflow="ellipsis")
     at_rest = any(p.private_at_rest is not None for p in pools)
     if at_rest:  # smaps of a ready worker: what one costs, and what all share once
-        table.add_column("at rest: private a worker", no_wrap=True, overflow="ellipsis")
+        table.add_column("at rest", no_wrap=True, overflow="ellipsis")
     for p in pools:
         unserved = f" (no node: {','.join(p.unserved_kinds)})" if p.unserved_kinds else ""
         table.add_row(
@@ -228,7 +230,7 @@ def _pool_table(pools: tuple[PoolSummary, ...]) -> Table:
             f"{dur(p.duration_p50)} · {dur(p.duration_p95)}",
             _rss(p)[8:],
             _recent(p, compact=True),
-            *([_at_rest(p)] if at_rest else []),
+            *([_at_rest(p, compact=True)] if at_rest else []),
         )
     return table
 
