@@ -114,6 +114,7 @@ class Controls:
             if paused == pool.paused_kinds:
                 continue
             newly = paused - pool.paused_kinds
+            lifted = pool.paused_kinds - paused
             pool.paused_kinds = paused
             log.warning(
                 "pool %s: %s",
@@ -126,8 +127,8 @@ class Controls:
             )
             if newly:
                 self._hold(pool, newly)
-            else:
-                pool.next_poll_at = 0.0  # resumed: claim at once
+            if lifted:
+                pool.next_poll_at = 0.0  # resumed (some kinds at least): claim at once
 
     def _hold(self, pool: Pool, kinds: frozenset[str]) -> None:
         """Nothing of ``kinds`` starts from now: buffered jobs go back, workers hand back

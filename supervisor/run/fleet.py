@@ -258,7 +258,14 @@ class Fleet:
         for pool in self.pools.values():
             if pool.busy():
                 due.append(self.next_watchdog)
-            if pool.idle() and not self.drain.active and pool.name not in d.claiming:
+            # a paused pool claims nothing (Dispatcher.claim): its poll is no timer, else
+            # a poll left due would make every wait 0 s while the pause lasts
+            if (
+                pool.idle()
+                and not pool.paused
+                and not self.drain.active
+                and pool.name not in d.claiming
+            ):
                 due.append(max(pool.next_poll_at, d.store_retry_at))
             if pool.live() < pool.wanted():
                 due.append(pool.next_spawn_at)

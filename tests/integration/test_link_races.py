@@ -133,6 +133,29 @@ def test_the_loop_sleeps_while_an_extend_is_answered(made) -> None:
     assert fleet.next_timeout() > 1.0
 
 
+def test_the_loop_sleeps_while_its_pool_is_paused(made) -> None:
+    fleet, store, link = made()
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job()])
+    store.pause("p")
+    now = fleet.clock.monotonic()
+    fleet.controls.tick(now)
+    link.answer()  # the controls read: the pool is paused
+    assert pool.paused
+    quiet(fleet, now)
+    pool.next_poll_at = now - 1  # its poll is due, and its worker idle: it claims nothing
+    fleet.dispatcher.claim(pool, now)
+    assert link.names() == []
+    assert fleet.next_timeout() > 1.0  # not 0 s each pass while the pause lasts
+    store.resume("p")
+    fleet.controls.wake()
+    fleet.controls.tick(now)
+    link.answer()
+    assert not pool.paused
+    assert pool.next_poll_at == 0.0  # resumed: it claims at once
+    assert fleet.next_timeout() == 0.0
+
+
 def test_the_loop_sleeps_while_results_are_written(made) -> None:
     fleet, store, link = made()
     pool, worker = infleet.one_worker(fleet, short_jobs=False)
