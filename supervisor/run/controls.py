@@ -148,14 +148,19 @@ class Controls:
     # ---- cancels ------------------------------------------------------------------------
 
     def _apply_cancels(self, cancels: tuple[Lease, ...], now: float) -> None:
+        """Act on each cancel not yet carried out. A lease is ``asked`` (done with) once its
+        worker was signalled or its release sent; one asked back from behind a running job
+        stays open (its worker may have started it before the Release arrived: no Returned
+        comes then), so every read looks again and stops it if it runs now."""
         wanted = set(cancels)
         self.asked &= wanted  # ended ones leave the read
         for lease in cancels:
-            if lease not in self.asked:
+            if lease not in self.asked and self._cancel(lease, now):
                 self.asked.add(lease)
-                self._cancel(lease, now)
 
-    def _cancel(self, lease: Lease, now: float) -> None:
+    def _cancel(self, lease: Lease, now: float) -> bool:
+        """Carry out one cancel; False while it is still to be looked at again (asked back
+        from a worker's queue: Returned, or the job started meanwhile)."""
         d = self.dispatcher
         for pool in self.pools.values():
             queue = d.buffer[pool.name]
@@ -164,15 +169,16 @@ class Controls:
                     queue.remove(item)
                     d.outbox.release(lease)
                     log.warning("job %s cancelled before it started", lease.job_id)
-                    return
+                    return True
             for worker in pool.workers.values():
                 if worker.job is not None and worker.job.claimed.lease == lease:
                     self._stop(worker, lease.job_id, now)
-                    return
+                    return True
                 if any(q.claimed.lease == lease for q in worker.queued):
                     _ask_back(worker)  # Returned, then released: cancelled, never started
-                    return
+                    return False
         # not held here any more (its result is on its way: the store ends it cancelled)
+        return True
 
     def _stop(self, worker: Any, job_id: int, now: float) -> None:
         if worker.kill_reason is not None or worker.pid in self.stopping:
