@@ -189,7 +189,7 @@ class Controls:
             worker.name,
             CANCEL_GRACE,
         )
-        worker.ask_cancel()
+        worker.ask_cancel(job_id)
         self.stopping[worker.pid] = Stopping(job_id, now + CANCEL_GRACE)
 
     def _enforce(self, now: float) -> None:

@@ -352,6 +352,9 @@ class Fleet:
         for pool in self.pools.values():
             for other in pool.workers.values():
                 other.sock.close()
+                if other.cancel_slot is not None:
+                    other.cancel_slot.close()  # a sibling's: never written here
+                    other.cancel_slot = None
         if self.waker is not None:
             with contextlib.suppress(OSError):
                 os.close(self.waker.fileno())
@@ -427,6 +430,9 @@ class Fleet:
         self.read_worker(worker, now)  # its last frames (results may precede its death)
         self.loop.unwatch(worker.fd)
         worker.sock.close()
+        if worker.cancel_slot is not None:
+            worker.cancel_slot.close()
+            worker.cancel_slot = None
         self.memcg.worker_exited(worker, status, now)  # a kernel OOM kill becomes memory_limit
         if worker.kill_reason is not None:
             self.counters.worker_kills[(pool.name, worker.kill_reason.kind)] += 1

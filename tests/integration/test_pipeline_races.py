@@ -194,3 +194,33 @@ def test_a_cancel_asked_back_from_a_queue_stops_the_job_once_it_started(hand) ->
 
     eventually(ended, timeout=5)  # its handler saw cancel_requested and returned
     assert store.get(a).state is JobState.DONE
+
+
+def test_a_late_cancel_signal_does_not_cancel_the_next_job_of_the_pipeline(hand) -> None:
+    # the parent, not having read A's result, signals the cancel of A while the worker runs B
+    fleet, store = hand(handlers=handlers("sleep", "until_cancelled"))
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+    a, b = store.enqueue_many([job("sleep", seconds=0.2), job("until_cancelled", seconds=1)])
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)
+    assert worker.job is not None and worker.job.claimed.job_id == a
+    process = psutil.Process(worker.pid)
+    eventually(lambda: f"job={b}" in " ".join(process.cmdline()), timeout=10)
+    store.cancel([a])
+    fleet.controls.tick(fleet.clock.monotonic())  # A runs as far as the parent knows
+    assert worker.pid in fleet.controls.stopping
+
+    def ended() -> bool:
+        if select.select([worker.fd], [], [], 0.05)[0]:
+            fleet.read_worker(worker)
+        fleet.controls.tick(fleet.clock.monotonic())  # no SIGKILL: A is no longer running
+        d.flush(fleet.clock.monotonic(), force=True)
+        return store.get(b).state is JobState.DONE
+
+    eventually(ended, timeout=10)
+    first, second = store.get(a), store.get(b)
+    assert first is not None and first.state is JobState.CANCELLED  # its result crossed it
+    assert second is not None and second.result == {"stopped": False}
+    assert worker.kill_reason is None and not fleet.controls.stopping
