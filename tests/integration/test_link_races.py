@@ -20,7 +20,8 @@ import pytest
 from supervisor.config import load_config
 from supervisor.errors import StoreError
 from supervisor.imports import import_handlers
-from supervisor.model import JobState, Lease, NewJob
+from supervisor.model import JobState, Lease, NewJob, PoolHistory, PoolStats
+from supervisor.policy import Ceiling
 from supervisor.run.drain import DrainPhase
 from supervisor.run.fleet import Fleet
 from supervisor.run.storecalls import Results
@@ -154,6 +155,27 @@ def test_the_loop_sleeps_while_its_pool_is_paused(made) -> None:
     assert not pool.paused
     assert pool.next_poll_at == 0.0  # resumed: it claims at once
     assert fleet.next_timeout() == 0.0
+
+
+def test_a_paused_pool_is_not_saturated_and_scales_in_like_an_idle_one(made) -> None:
+    fleet, _store, _link = made(min_workers=1, max_workers=4, scale_in_cooldown="10s")
+    pool = fleet.pools["p"]
+    pool.target = 4  # at its ceiling
+    ceiling = Ceiling("p", 4, "max_workers", 4, None, 1 << 30, None, 0, "configured", 1 << 30)
+    behind = PoolStats("p", ready=500, oldest_ready_age=10_000.0)  # far past its target
+    history = PoolHistory(completed=100, durations=(1.0,) * 10)
+    scaling = fleet.scaler.scaling["p"]
+    now = fleet.clock.monotonic()
+    fleet.scaler._decide(pool, behind, history, ceiling, now)
+    assert scaling.saturated and pool.target == 4
+    pool.paused_kinds = frozenset(pool.kinds)  # paused whole: its backlog waits on purpose
+    fleet.scaler._decide(pool, behind, history, ceiling, now + 1)
+    assert not scaling.saturated and scaling.desired == 0
+    fleet.scaler._decide(pool, behind, history, ceiling, now + 12)  # the cooldown is over
+    assert pool.target == 3  # in, one worker at a time, as an idle pool
+    for step in range(3, 10):
+        fleet.scaler._decide(pool, behind, history, ceiling, now + 12 + step * 11)
+    assert pool.target == 1  # down to min_workers, not below
 
 
 def test_the_loop_sleeps_while_results_are_written(made) -> None:
