@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.clock import Clock
+from supervisor.errors import StoreUnavailable
 from supervisor.model import ControlState, Lease, Pause
 from supervisor.policy import KillKind, KillReason
 from supervisor.run.outbox import StoreHealth
@@ -98,8 +99,13 @@ class Controls:
         self.reading = False
         now = self.clock.monotonic()
         if reply.error is not None:
+            if not isinstance(reply.error, StoreUnavailable):
+                # not the database being away: a bug (as Outbox._written). The loop's error
+                # policy stops the supervisor; backing off would hide it and retry forever
+                raise reply.error
             self.health.failed(now, "read controls", reply.error)
             return
+        self.health.ok()
         state: ControlState = reply.value
         self._apply_pauses(state.pauses)
         self._apply_cancels(state.cancels, now)

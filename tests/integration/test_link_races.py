@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import load_config
-from supervisor.errors import StoreError
+from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.imports import import_handlers
 from supervisor.model import JobState, Lease, NewJob, PoolHistory, PoolStats
 from supervisor.policy import Ceiling
@@ -260,6 +260,35 @@ def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, mo
     with pytest.raises(StoreError, match="a bug in the store"):
         link.answer()
     assert d.pending_writes == 1  # kept for the emergency stop
+
+
+def test_the_controls_read_backs_off_when_the_store_is_away_and_raises_a_bug(made) -> None:
+    fleet, _store, link = made()
+    health = fleet.dispatcher.health
+    now = fleet.clock.monotonic()
+
+    def away(node: str) -> Any:
+        raise StoreUnavailable("database is locked")
+
+    link.store.controls = away
+    fleet.controls.tick(now)
+    link.answer()
+    assert health.failures == 1 and health.retry_at > now  # backoff, as every store call
+    del link.store.controls
+    fleet.controls.wake()
+    fleet.controls.tick(health.retry_at)
+    link.answer()
+    assert health.failures == 0 and health.retry_at == 0.0  # a read that came back: ok()
+
+    def broken(node: str) -> Any:
+        raise RuntimeError("a bug in the store")
+
+    link.store.controls = broken
+    fleet.controls.wake()
+    fleet.controls.tick(fleet.clock.monotonic())
+    with pytest.raises(StoreError, match="a bug in the store"):  # the loop's error policy
+        link.answer()
+    assert health.failures == 0
 
 
 # ---- a real store process -------------------------------------------------------------------
