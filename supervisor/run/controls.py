@@ -76,6 +76,12 @@ class Controls:
         self.stopping: dict[int, Stopping] = {}  # worker pid -> the cancel it carries out
         self.asked: set[Lease] = set()  # cancels acted on (a read repeats them until done)
 
+    def start(self, pauses: list[Pause]) -> None:
+        """The pauses in force when the supervisor starts, read at boot on its own store
+        connection (before any claim can go out): a pool paused then claims nothing even if
+        the first reads on the link fail."""
+        self._apply_pauses(tuple(pauses))
+
     def wake(self) -> None:
         """A wake-up said the controls changed: read them on this pass."""
         self.next_read = 0.0

@@ -179,6 +179,8 @@ class Fleet:
             pid=self.pid,
             fleet=self.config.name,
         )
+        # the pauses before the first claim: the link's first read may fail or come late
+        self.controls.start(self.store.pauses())
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
         # a daemon whose worker was killed comes to us, not init: end_strays kills it
         tree.become_subreaper()

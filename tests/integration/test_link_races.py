@@ -178,6 +178,18 @@ def test_a_paused_pool_is_not_saturated_and_scales_in_like_an_idle_one(made) -> 
     assert pool.target == 1  # down to min_workers, not below
 
 
+def test_pauses_are_known_at_boot_before_any_claim(made, monkeypatch) -> None:
+    fleet, store, link = made()
+    store.pause("p")
+    monkeypatch.setattr("supervisor.run.fleet.Loop", lambda signals: infleet.HandLoop())
+    fleet.boot()  # the link's first controls read is not answered (it may fail or be slow)
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job()])
+    assert pool.paused
+    fleet.dispatch(fleet.clock.monotonic())
+    assert "claim_rows" not in link.names()
+
+
 def test_the_loop_sleeps_while_results_are_written(made) -> None:
     fleet, store, link = made()
     pool, worker = infleet.one_worker(fleet, short_jobs=False)
