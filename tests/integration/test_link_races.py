@@ -29,6 +29,7 @@ from supervisor.run.storelink import ProcessLink, execute
 from supervisor.store import open_store
 from tests.integration.fleet import handlers, write_config
 from tests.support import infleet
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -188,6 +189,24 @@ def test_pauses_are_known_at_boot_before_any_claim(made, monkeypatch) -> None:
     assert pool.paused
     fleet.dispatch(fleet.clock.monotonic())
     assert "claim_rows" not in link.names()
+
+
+def test_the_reaper_reports_a_job_it_cancelled(made, caplog) -> None:
+    fleet, store, link = made()
+    (jid,) = store.enqueue_many([job()])
+    store.claim(pool="p", kinds={"noop"}, n=1, node="lost-host", lease=0.05)
+    store.cancel([jid])  # requested: the host that held it is gone
+
+    def reaped() -> bool:  # once its lease ran out
+        fleet.housekeeping.reap(fleet.clock.monotonic(), 0.0)
+        link.answer()
+        return fleet.counters.lease_expiries == 1
+
+    eventually(reaped, timeout=5)
+    assert store.get(jid).state is JobState.CANCELLED
+    assert "0 requeued, 0 dead, 1 cancelled" in caplog.text
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert "job_cancelled" in events and "job_lease_expired" not in events
 
 
 def test_the_loop_sleeps_while_results_are_written(made) -> None:
