@@ -8,9 +8,16 @@ an empty ``contextvars`` context, so the variable alone would not reach them).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import os
+import signal
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.protocol import CancelSlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +42,9 @@ class JobContext:
     def cancel_requested(self) -> bool:
         """True once an operator cancelled this job (``fleetd cancel``): a long loop may
         check it and stop early. The supervisor SIGKILLs the worker a short grace later
-        anyway, and whatever the job then returns or raises, it ends cancelled."""
-        return _cancel_requested and _process_job is self
+        anyway, and whatever the job then returns or raises, it ends cancelled. Only the job
+        the cancel named: a late signal meant for the job before it does not count."""
+        return _cancelled == self.id and _process_job is self
 
 
 _CURRENT: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
@@ -44,14 +52,31 @@ _CURRENT: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
 )
 # The process-wide copy (see the module docstring). Written only by the runtime's main thread.
 _process_job: JobContext | None = None
-# Set by the runtime's CANCEL_SIGNAL handler (it only sets this flag), cleared at each bind.
-_cancel_requested = False
+# The id of the job the parent's CANCEL_SIGNAL named, once that job runs here (set by the
+# handler, or at bind for a signal that came just before the job started); None otherwise.
+_cancelled: int | None = None
+# Where the parent writes the id of the job it cancels (the runtime sets it after the fork).
+_slot: CancelSlot | None = None
+
+
+def use_cancel_slot(slot: CancelSlot | None) -> None:
+    """The runtime hands over the page the parent writes cancelled job ids to."""
+    global _slot
+    _slot = slot
 
 
 def note_cancel(signum: int = 0, frame: object = None) -> None:
-    """The signal handler for the parent's cancel: only records it."""
-    global _cancel_requested
-    _cancel_requested = True
+    """The signal handler for the parent's cancel: if it names the job running here, record
+    it and SIGTERM the job's own processes (the worker's group; the worker ignores SIGTERM).
+    A signal for a job that ended (the next one of a pipeline runs now) does nothing."""
+    global _cancelled
+    job = _process_job
+    if job is None or _slot is None or _slot.read() != job.id or _cancelled == job.id:
+        return
+    _cancelled = job.id
+    if os.getpgrp() == os.getpid():  # its own group (fork_worker): never the parent's
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpid(), signal.SIGTERM)
 
 
 def current_job() -> JobContext:
@@ -64,9 +89,11 @@ def current_job() -> JobContext:
 
 def bind(ctx: JobContext) -> contextvars.Token[JobContext | None]:
     """Make ``ctx`` the current job (the runtime calls this around each handler call)."""
-    global _process_job, _cancel_requested
+    global _process_job, _cancelled
     _process_job = ctx
-    _cancel_requested = False  # a cancel meant for the job before does not carry over
+    # a cancel meant for the job before does not carry over; one for this job signalled
+    # before it started (the handler found no job, or the last one) counts
+    _cancelled = ctx.id if _slot is not None and _slot.read() == ctx.id else None
     return _CURRENT.set(ctx)
 
 

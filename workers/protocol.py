@@ -36,6 +36,7 @@ Both ends feed the bytes they read into a ``FrameReader`` (one read can bring se
 from __future__ import annotations
 
 import json
+import mmap
 import operator
 import os
 import signal
@@ -59,6 +60,28 @@ SOFT_TIMEOUT_SIGNAL = 10  # SIGUSR1: the parent's "your job is past its timeout"
 # the parent's "an operator cancelled your job": a flag for current_job(), never a raise. A
 # real-time signal nothing else uses (limits.DEADLINE_SIGNAL is SIGRTMIN + 3)
 CANCEL_SIGNAL = signal.SIGRTMIN + 4
+
+
+class CancelSlot:
+    """Which job ``CANCEL_SIGNAL`` is about: one job id in a page shared by the parent and one
+    worker (anonymous ``MAP_SHARED``, made before the fork). The parent writes the id, then
+    signals; the worker's handler acts only when it names the job it runs, so a signal that
+    arrives late (that job ended, the next of a pipeline runs) is a no-op, not a cancel of the
+    wrong job. 0: nothing asked."""
+
+    __slots__ = ("_page",)
+
+    def __init__(self) -> None:
+        self._page = mmap.mmap(-1, 8)  # anonymous and shared: both sides of the fork see it
+
+    def write(self, job_id: int) -> None:
+        struct.pack_into("=q", self._page, 0, job_id)
+
+    def read(self) -> int:
+        return struct.unpack_from("=q", self._page, 0)[0]
+
+    def close(self) -> None:
+        self._page.close()
 
 
 class ProtocolError(Exception):

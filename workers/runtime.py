@@ -125,15 +125,19 @@ class _Exit(Exception):
         self.why = why
 
 
-def main(conn_fd: int, spec: WorkerSpec) -> NoReturn:
+def main(
+    conn_fd: int, spec: WorkerSpec, cancel_slot: protocol.CancelSlot | None = None
+) -> NoReturn:
     """Run a worker on ``conn_fd`` (a blocking, connected socket or pipe) until told to stop.
 
     Call it in the child right after ``os.fork()``, from the parent's main thread, after the
     parent flushed ``sys.stdout``/``sys.stderr`` and closed what the child must not keep.
-    Always ends in ``os._exit`` with a code from ``workers.exitcodes``.
+    Always ends in ``os._exit`` with a code from ``workers.exitcodes``. ``cancel_slot``: where
+    the parent writes the id of the job its ``CANCEL_SIGNAL`` is about (``protocol.CancelSlot``).
     """
     code = exitcodes.INTERNAL_ERROR
     try:
+        context.use_cancel_slot(cancel_slot)
         worker = _Worker(conn_fd, spec)
         worker.setup()
         worker.serve()

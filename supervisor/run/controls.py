@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.clock import Clock
+from supervisor.errors import StoreUnavailable
 from supervisor.model import ControlState, Lease, Pause
 from supervisor.policy import KillKind, KillReason
 from supervisor.run.outbox import StoreHealth
@@ -75,6 +76,12 @@ class Controls:
         self.stopping: dict[int, Stopping] = {}  # worker pid -> the cancel it carries out
         self.asked: set[Lease] = set()  # cancels acted on (a read repeats them until done)
 
+    def start(self, pauses: list[Pause]) -> None:
+        """The pauses in force when the supervisor starts, read at boot on its own store
+        connection (before any claim can go out): a pool paused then claims nothing even if
+        the first reads on the link fail."""
+        self._apply_pauses(tuple(pauses))
+
     def wake(self) -> None:
         """A wake-up said the controls changed: read them on this pass."""
         self.next_read = 0.0
@@ -98,8 +105,13 @@ class Controls:
         self.reading = False
         now = self.clock.monotonic()
         if reply.error is not None:
+            if not isinstance(reply.error, StoreUnavailable):
+                # not the database being away: a bug (as Outbox._written). The loop's error
+                # policy stops the supervisor; backing off would hide it and retry forever
+                raise reply.error
             self.health.failed(now, "read controls", reply.error)
             return
+        self.health.ok()
         state: ControlState = reply.value
         self._apply_pauses(state.pauses)
         self._apply_cancels(state.cancels, now)
@@ -114,6 +126,7 @@ class Controls:
             if paused == pool.paused_kinds:
                 continue
             newly = paused - pool.paused_kinds
+            lifted = pool.paused_kinds - paused
             pool.paused_kinds = paused
             log.warning(
                 "pool %s: %s",
@@ -126,8 +139,8 @@ class Controls:
             )
             if newly:
                 self._hold(pool, newly)
-            else:
-                pool.next_poll_at = 0.0  # resumed: claim at once
+            if lifted:
+                pool.next_poll_at = 0.0  # resumed (some kinds at least): claim at once
 
     def _hold(self, pool: Pool, kinds: frozenset[str]) -> None:
         """Nothing of ``kinds`` starts from now: buffered jobs go back, workers hand back
@@ -147,14 +160,19 @@ class Controls:
     # ---- cancels ------------------------------------------------------------------------
 
     def _apply_cancels(self, cancels: tuple[Lease, ...], now: float) -> None:
+        """Act on each cancel not yet carried out. A lease is ``asked`` (done with) once its
+        worker was signalled or its release sent; one asked back from behind a running job
+        stays open (its worker may have started it before the Release arrived: no Returned
+        comes then), so every read looks again and stops it if it runs now."""
         wanted = set(cancels)
         self.asked &= wanted  # ended ones leave the read
         for lease in cancels:
-            if lease not in self.asked:
+            if lease not in self.asked and self._cancel(lease, now):
                 self.asked.add(lease)
-                self._cancel(lease, now)
 
-    def _cancel(self, lease: Lease, now: float) -> None:
+    def _cancel(self, lease: Lease, now: float) -> bool:
+        """Carry out one cancel; False while it is still to be looked at again (asked back
+        from a worker's queue: Returned, or the job started meanwhile)."""
         d = self.dispatcher
         for pool in self.pools.values():
             queue = d.buffer[pool.name]
@@ -163,15 +181,16 @@ class Controls:
                     queue.remove(item)
                     d.outbox.release(lease)
                     log.warning("job %s cancelled before it started", lease.job_id)
-                    return
+                    return True
             for worker in pool.workers.values():
                 if worker.job is not None and worker.job.claimed.lease == lease:
                     self._stop(worker, lease.job_id, now)
-                    return
+                    return True
                 if any(q.claimed.lease == lease for q in worker.queued):
                     _ask_back(worker)  # Returned, then released: cancelled, never started
-                    return
+                    return False
         # not held here any more (its result is on its way: the store ends it cancelled)
+        return True
 
     def _stop(self, worker: Any, job_id: int, now: float) -> None:
         if worker.kill_reason is not None or worker.pid in self.stopping:
@@ -182,7 +201,7 @@ class Controls:
             worker.name,
             CANCEL_GRACE,
         )
-        worker.ask_cancel()
+        worker.ask_cancel(job_id)
         self.stopping[worker.pid] = Stopping(job_id, now + CANCEL_GRACE)
 
     def _enforce(self, now: float) -> None:

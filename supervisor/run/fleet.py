@@ -179,6 +179,8 @@ class Fleet:
             pid=self.pid,
             fleet=self.config.name,
         )
+        # the pauses before the first claim: the link's first read may fail or come late
+        self.controls.start(self.store.pauses())
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
         # a daemon whose worker was killed comes to us, not init: end_strays kills it
         tree.become_subreaper()
@@ -258,7 +260,14 @@ class Fleet:
         for pool in self.pools.values():
             if pool.busy():
                 due.append(self.next_watchdog)
-            if pool.idle() and not self.drain.active and pool.name not in d.claiming:
+            # a paused pool claims nothing (Dispatcher.claim): its poll is no timer, else
+            # a poll left due would make every wait 0 s while the pause lasts
+            if (
+                pool.idle()
+                and not pool.paused
+                and not self.drain.active
+                and pool.name not in d.claiming
+            ):
                 due.append(max(pool.next_poll_at, d.store_retry_at))
             if pool.live() < pool.wanted():
                 due.append(pool.next_spawn_at)
@@ -345,6 +354,9 @@ class Fleet:
         for pool in self.pools.values():
             for other in pool.workers.values():
                 other.sock.close()
+                if other.cancel_slot is not None:
+                    other.cancel_slot.close()  # a sibling's: never written here
+                    other.cancel_slot = None
         if self.waker is not None:
             with contextlib.suppress(OSError):
                 os.close(self.waker.fileno())
@@ -420,6 +432,9 @@ class Fleet:
         self.read_worker(worker, now)  # its last frames (results may precede its death)
         self.loop.unwatch(worker.fd)
         worker.sock.close()
+        if worker.cancel_slot is not None:
+            worker.cancel_slot.close()
+            worker.cancel_slot = None
         self.memcg.worker_exited(worker, status, now)  # a kernel OOM kill becomes memory_limit
         if worker.kill_reason is not None:
             self.counters.worker_kills[(pool.name, worker.kill_reason.kind)] += 1

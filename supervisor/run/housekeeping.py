@@ -55,19 +55,30 @@ class Housekeeping:
             return
         self.counters.lease_expiries += out.count
         log.warning(
-            "reaper: %d expired lease(s): %d requeued, %d dead",
+            "reaper: %d expired lease(s): %d requeued, %d dead, %d cancelled",
             out.count,
             len(out.requeued),
             len(out.dead),
+            len(out.cancelled),
         )
-        dead = set(out.dead)
+        dead, cancelled = set(out.dead), set(out.cancelled)
         for job in rows:  # one line per job (at most EXPIRED_READ a pass)
             if job.id in dead:
                 self.counters.dead_letters[(job.pool, str(ErrorKind.LEASE_EXPIRED))] += 1
+            # a job whose cancel was asked ends cancelled, not requeued; its error_kind says
+            # what ended that delivery (lease_expired), as a failure that crossed a cancel
+            # keeps its own
+            event = (
+                "job_dead"
+                if job.id in dead
+                else "job_cancelled"
+                if job.id in cancelled
+                else "job_lease_expired"
+            )
             job_event(
                 log,
                 logging.WARNING,
-                "job_dead" if job.id in dead else "job_lease_expired",
+                event,
                 job_id=job.id,
                 pool=job.pool,
                 kind=job.kind,

@@ -149,8 +149,8 @@ class Scaler:
                 stats.oldest_ready_age,
             )
         s.desired = host_share(desired_total, self.live_nodes)
-        if pool.paused:  # its backlog waits on purpose: no more workers for it
-            s.desired = min(s.desired, pool.target)
+        if pool.paused:  # its backlog waits on purpose: it runs nothing, as an idle pool
+            s.desired = 0  # (down to min_workers, one a cooldown at a time)
         s.ceiling = ceiling
         pool.ceiling = ceiling.value  # a spare worker must fit under it too
         target, s.state = next_target(
@@ -190,7 +190,8 @@ class Scaler:
         s.backlog, s.oldest_age = stats.ready, stats.oldest_ready_age
 
     def _saturation(self, pool: Pool, s: PoolScaling, ceiling: Ceiling) -> None:
-        now_saturated = saturated(
+        # a paused pool's backlog waits on purpose: that is not a want of capacity
+        now_saturated = not pool.paused and saturated(
             pool.target, ceiling.value, s.oldest_age, pool.config.latency_target
         )
         if now_saturated != s.saturated:

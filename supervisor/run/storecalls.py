@@ -163,7 +163,7 @@ def reap_described(store: Any, read_at_most: int) -> tuple[ReapOutcome, list[Job
     """Expired leases back to the queue, and the rows of the first ``read_at_most`` of them
     (for one log line per job)."""
     out = store.reap()
-    ids = [*out.dead, *out.requeued][:read_at_most]
+    ids = [*out.dead, *out.cancelled, *out.requeued][:read_at_most]
     rows = [store.get(i) for i in ids]
     return out, [r for r in rows if r is not None]
 

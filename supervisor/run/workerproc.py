@@ -78,6 +78,8 @@ class WorkerHandle:
     recycling: bool = False  # it said Recycling: it exits now, starting nothing more
     reader: protocol.FrameReader = field(default_factory=protocol.FrameReader)
     proc: psutil.Process | None = None
+    # where ask_cancel writes the id of the job it cancels (shared with the worker)
+    cancel_slot: protocol.CancelSlot | None = None
 
     @property
     def fd(self) -> int:
@@ -179,14 +181,17 @@ class WorkerHandle:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, protocol.SOFT_TIMEOUT_SIGNAL)
 
-    def ask_cancel(self) -> None:
-        """An operator cancelled the running job: tell the handler
-        (``current_job().cancel_requested``) and SIGTERM the job's own processes (the worker
-        ignores SIGTERM); the caller SIGKILLs the group after a short grace."""
+    def ask_cancel(self, job_id: int) -> None:
+        """An operator cancelled ``job_id``, the job this worker runs as far as the parent
+        knows: write its id to the shared slot, then signal. The worker acts only if that job
+        is the one it runs (it may be on the next of a pipeline already): it sets
+        ``current_job().cancel_requested`` and SIGTERMs its own group (the job's processes;
+        the worker ignores SIGTERM). The caller SIGKILLs the group after a short grace if
+        that job still runs."""
+        if self.cancel_slot is not None:
+            self.cancel_slot.write(job_id)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.pid, protocol.CANCEL_SIGNAL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGTERM)
 
     def record_kill(self, reason: KillReason, now: float) -> None:
         """Record why this worker dies, the job that is about (the one it runs now) and when:
@@ -262,6 +267,7 @@ def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], Non
     Signals are blocked across the fork, so none is delivered to the child while it still
     has the parent's handlers; the runtime resets them and unblocks.
     """
+    cancel_slot = protocol.CancelSlot()  # before the fork: both sides share it
     pid, parent_end, child_end = fork_paired()
     if pid == 0:  # child
         try:
@@ -269,9 +275,16 @@ def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], Non
             child_cleanup()
             os.setpgid(0, 0)  # its own group: a kill reaches the job's subprocesses too
         finally:
-            runtime.main(child_end.detach(), spec)  # never returns
+            runtime.main(child_end.detach(), spec, cancel_slot)  # never returns
     child_end.close()
     with contextlib.suppress(OSError):  # both sides set it: a kill right after the fork
         os.setpgid(pid, pid)  # finds the group
     parent_end.setblocking(False)
-    return WorkerHandle(pool=spec.pool, slot=spec.slot, pid=pid, sock=parent_end, spawned_at=now)
+    return WorkerHandle(
+        pool=spec.pool,
+        slot=spec.slot,
+        pid=pid,
+        sock=parent_end,
+        spawned_at=now,
+        cancel_slot=cancel_slot,
+    )

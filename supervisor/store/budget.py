@@ -170,7 +170,9 @@ class Budgets:
     @cached_property
     def _targets_stmt(self) -> Any:
         """The failing jobs still leased under their tokens (locked for this transaction on
-        PostgreSQL), with their pool, whether this was their last delivery, and now."""
+        PostgreSQL), with their pool, whether this was their last delivery, and now. Not
+        those whose cancel was requested: their failure ends them cancelled, not retried, so
+        it spends nothing of the budget."""
         return (
             select(
                 jobs.c.id,
@@ -181,6 +183,7 @@ class Budgets:
             )
             .where(
                 jobs.c.state == JobState.LEASED.value,
+                jobs.c.cancel_requested_at.is_(None),
                 tuple_(jobs.c.id, jobs.c.lease_token).in_(bindparam("leases", expanding=True)),
             )
             .with_for_update()

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from supervisor.config import load_config
-from supervisor.errors import StoreError
+from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.imports import import_handlers
-from supervisor.model import JobState, Lease, NewJob
+from supervisor.model import JobState, Lease, NewJob, PoolHistory, PoolStats
+from supervisor.policy import Ceiling
 from supervisor.run.drain import DrainPhase
 from supervisor.run.fleet import Fleet
 from supervisor.run.storecalls import Results
@@ -28,6 +29,7 @@ from supervisor.run.storelink import ProcessLink, execute
 from supervisor.store import open_store
 from tests.integration.fleet import handlers, write_config
 from tests.support import infleet
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -133,6 +135,80 @@ def test_the_loop_sleeps_while_an_extend_is_answered(made) -> None:
     assert fleet.next_timeout() > 1.0
 
 
+def test_the_loop_sleeps_while_its_pool_is_paused(made) -> None:
+    fleet, store, link = made()
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job()])
+    store.pause("p")
+    now = fleet.clock.monotonic()
+    fleet.controls.tick(now)
+    link.answer()  # the controls read: the pool is paused
+    assert pool.paused
+    quiet(fleet, now)
+    pool.next_poll_at = now - 1  # its poll is due, and its worker idle: it claims nothing
+    fleet.dispatcher.claim(pool, now)
+    assert link.names() == []
+    assert fleet.next_timeout() > 1.0  # not 0 s each pass while the pause lasts
+    store.resume("p")
+    fleet.controls.wake()
+    fleet.controls.tick(now)
+    link.answer()
+    assert not pool.paused
+    assert pool.next_poll_at == 0.0  # resumed: it claims at once
+    assert fleet.next_timeout() == 0.0
+
+
+def test_a_paused_pool_is_not_saturated_and_scales_in_like_an_idle_one(made) -> None:
+    fleet, _store, _link = made(min_workers=1, max_workers=4, scale_in_cooldown="10s")
+    pool = fleet.pools["p"]
+    pool.target = 4  # at its ceiling
+    ceiling = Ceiling("p", 4, "max_workers", 4, None, 1 << 30, None, 0, "configured", 1 << 30)
+    behind = PoolStats("p", ready=500, oldest_ready_age=10_000.0)  # far past its target
+    history = PoolHistory(completed=100, durations=(1.0,) * 10)
+    scaling = fleet.scaler.scaling["p"]
+    now = fleet.clock.monotonic()
+    fleet.scaler._decide(pool, behind, history, ceiling, now)
+    assert scaling.saturated and pool.target == 4
+    pool.paused_kinds = frozenset(pool.kinds)  # paused whole: its backlog waits on purpose
+    fleet.scaler._decide(pool, behind, history, ceiling, now + 1)
+    assert not scaling.saturated and scaling.desired == 0
+    fleet.scaler._decide(pool, behind, history, ceiling, now + 12)  # the cooldown is over
+    assert pool.target == 3  # in, one worker at a time, as an idle pool
+    for step in range(3, 10):
+        fleet.scaler._decide(pool, behind, history, ceiling, now + 12 + step * 11)
+    assert pool.target == 1  # down to min_workers, not below
+
+
+def test_pauses_are_known_at_boot_before_any_claim(made, monkeypatch) -> None:
+    fleet, store, link = made()
+    store.pause("p")
+    monkeypatch.setattr("supervisor.run.fleet.Loop", lambda signals: infleet.HandLoop())
+    fleet.boot()  # the link's first controls read is not answered (it may fail or be slow)
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([job()])
+    assert pool.paused
+    fleet.dispatch(fleet.clock.monotonic())
+    assert "claim_rows" not in link.names()
+
+
+def test_the_reaper_reports_a_job_it_cancelled(made, caplog) -> None:
+    fleet, store, link = made()
+    (jid,) = store.enqueue_many([job()])
+    store.claim(pool="p", kinds={"noop"}, n=1, node="lost-host", lease=0.05)
+    store.cancel([jid])  # requested: the host that held it is gone
+
+    def reaped() -> bool:  # once its lease ran out
+        fleet.housekeeping.reap(fleet.clock.monotonic(), 0.0)
+        link.answer()
+        return fleet.counters.lease_expiries == 1
+
+    eventually(reaped, timeout=5)
+    assert store.get(jid).state is JobState.CANCELLED
+    assert "0 requeued, 0 dead, 1 cancelled" in caplog.text
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert "job_cancelled" in events and "job_lease_expired" not in events
+
+
 def test_the_loop_sleeps_while_results_are_written(made) -> None:
     fleet, store, link = made()
     pool, worker = infleet.one_worker(fleet, short_jobs=False)
@@ -215,6 +291,35 @@ def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, mo
     with pytest.raises(StoreError, match="a bug in the store"):
         link.answer()
     assert d.pending_writes == 1  # kept for the emergency stop
+
+
+def test_the_controls_read_backs_off_when_the_store_is_away_and_raises_a_bug(made) -> None:
+    fleet, _store, link = made()
+    health = fleet.dispatcher.health
+    now = fleet.clock.monotonic()
+
+    def away(node: str) -> Any:
+        raise StoreUnavailable("database is locked")
+
+    link.store.controls = away
+    fleet.controls.tick(now)
+    link.answer()
+    assert health.failures == 1 and health.retry_at > now  # backoff, as every store call
+    del link.store.controls
+    fleet.controls.wake()
+    fleet.controls.tick(health.retry_at)
+    link.answer()
+    assert health.failures == 0 and health.retry_at == 0.0  # a read that came back: ok()
+
+    def broken(node: str) -> Any:
+        raise RuntimeError("a bug in the store")
+
+    link.store.controls = broken
+    fleet.controls.wake()
+    fleet.controls.tick(fleet.clock.monotonic())
+    with pytest.raises(StoreError, match="a bug in the store"):  # the loop's error policy
+        link.answer()
+    assert health.failures == 0
 
 
 # ---- a real store process -------------------------------------------------------------------

@@ -10,6 +10,7 @@ import select
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.model import ErrorKind, JobState, NewJob
@@ -19,6 +20,7 @@ from supervisor.store import Store
 from tests.integration.fleet import handlers
 from tests.integration.test_leases import THIEF, steal
 from tests.support import infleet
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -157,3 +159,68 @@ def test_a_lone_result_is_written_at_once_one_with_jobs_running_waits_for_compan
     assert store.get(quick).state is JobState.LEASED
     d.flush(now + ACK_WAIT)
     assert store.get(quick).state is JobState.DONE
+
+
+def test_a_cancel_asked_back_from_a_queue_stops_the_job_once_it_started(hand) -> None:
+    # the worker starts the queued job before the Release asking it back arrives: no Returned
+    # comes, so the cancel stays open and a later read finds the job running and stops it
+    fleet, store = hand(handlers=handlers("sleep", "until_cancelled"))
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+    a, b = store.enqueue_many([job("sleep", seconds=0.2), job("until_cancelled", seconds=30)])
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)
+    assert worker.job is not None and [j.claimed.job_id for j in worker.queued] == [b]
+    store.cancel([b])
+    # B runs (the title names it) while the parent, not having read A's result, holds it
+    # as queued behind A
+    process = psutil.Process(worker.pid)
+    eventually(lambda: f"job={b}" in " ".join(process.cmdline()), timeout=10)
+    fleet.controls.tick(fleet.clock.monotonic())  # Release sent; the worker is busy with B
+    assert not fleet.controls.stopping
+    assert select.select([worker.fd], [], [], 10)[0]
+    fleet.read_worker(worker)  # A's result: B is the job it runs now
+    assert worker.job is not None and worker.job.claimed.job_id == b
+    fleet.controls.wake()
+    fleet.controls.tick(fleet.clock.monotonic())  # the next read: B runs, so it is stopped
+    assert worker.pid in fleet.controls.stopping
+
+    def ended() -> bool:
+        if select.select([worker.fd], [], [], 0.05)[0]:
+            fleet.read_worker(worker)
+        d.flush(fleet.clock.monotonic(), force=True)
+        return store.get(b).state is JobState.CANCELLED
+
+    eventually(ended, timeout=5)  # its handler saw cancel_requested and returned
+    assert store.get(a).state is JobState.DONE
+
+
+def test_a_late_cancel_signal_does_not_cancel_the_next_job_of_the_pipeline(hand) -> None:
+    # the parent, not having read A's result, signals the cancel of A while the worker runs B
+    fleet, store = hand(handlers=handlers("sleep", "until_cancelled"))
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+    a, b = store.enqueue_many([job("sleep", seconds=0.2), job("until_cancelled", seconds=1)])
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)
+    assert worker.job is not None and worker.job.claimed.job_id == a
+    process = psutil.Process(worker.pid)
+    eventually(lambda: f"job={b}" in " ".join(process.cmdline()), timeout=10)
+    store.cancel([a])
+    fleet.controls.tick(fleet.clock.monotonic())  # A runs as far as the parent knows
+    assert worker.pid in fleet.controls.stopping
+
+    def ended() -> bool:
+        if select.select([worker.fd], [], [], 0.05)[0]:
+            fleet.read_worker(worker)
+        fleet.controls.tick(fleet.clock.monotonic())  # no SIGKILL: A is no longer running
+        d.flush(fleet.clock.monotonic(), force=True)
+        return store.get(b).state is JobState.DONE
+
+    eventually(ended, timeout=10)
+    first, second = store.get(a), store.get(b)
+    assert first is not None and first.state is JobState.CANCELLED  # its result crossed it
+    assert second is not None and second.result == {"stopped": False}
+    assert worker.kill_reason is None and not fleet.controls.stopping

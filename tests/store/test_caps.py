@@ -235,6 +235,18 @@ def test_past_the_budget_a_failure_is_deferred_not_retried_or_dropped(store, clo
     }
 
 
+def test_failures_that_end_cancelled_spend_nothing_of_the_budget(store, clock):
+    budget = RetryBudget(0.1, floor=1, window=60.0)
+    store.enqueue_many([job() for _ in range(4)])
+    got = claim(store, 4, budget=budget)
+    store.cancel([c.job_id for c in got[:3]])  # leased: their cancel is requested
+    out = fail_all(store, got, budget)
+    assert set(out.cancelled) == {c.job_id for c in got[:3]}
+    assert out.retried == (got[3].job_id,) and not out.deferred  # the one retry the floor allows
+    assert counters(store)["retries"] == 1 and counters(store)["deferred"] == 0
+    assert store.get(got[3].job_id).available_at == clock.now() + 1.0
+
+
 def test_the_floor_allows_retries_when_deliveries_are_few(store, clock):
     budget = RetryBudget(0.1, floor=2, window=60.0)
     store.enqueue_many([job() for _ in range(3)])
