@@ -168,11 +168,12 @@ def _handler(value: Any) -> str | CommandSpec:
     return value
 
 
-_COMMAND_KEYS = ["command", "stall_timeout", "permanent_codes"]
+_COMMAND_KEYS = ["command", "stall_timeout", "permanent_codes", "env"]
 
 
 def _command(table: Mapping[str, Any]) -> CommandSpec:
-    """``{ command = [argv...], stall_timeout = "30s", permanent_codes = [2, 65] }``."""
+    """``{ command = [argv...], stall_timeout = "30s", permanent_codes = [2, 65],
+    env = { NAME = "value" } }``."""
     for key in table:
         if key not in _COMMAND_KEYS:
             raise _Problem(_unknown_key(str(key), _COMMAND_KEYS), (key,))
@@ -203,7 +204,19 @@ def _command(table: Mapping[str, Any]) -> CommandSpec:
         if isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 255:
             message = f"{code!r} is not an exit code (expected an integer from 1 to 255)"
             raise _Problem(message, ("permanent_codes", i))
-    return CommandSpec(tuple(argv), stall, frozenset(codes))
+    env = table.get("env", {})
+    if not isinstance(env, Mapping):
+        raise _Problem(f'{env!r} is not a table (expected e.g. {{ LANG = "C.UTF-8" }})', ("env",))
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            message = f"{name!r} is not a variable name (expected letters, digits and _)"
+            raise _Problem(message, ("env", name))
+        if not isinstance(value, str) or "\0" in value:
+            raise _Problem(f"{value!r} is not a string (expected a string)", ("env", name))
+    return CommandSpec(tuple(argv), stall, frozenset(codes), tuple(sorted(env.items())))
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _kind_table(value: Any) -> Any:

@@ -10,6 +10,7 @@ One job, inside the worker (so inside its rlimits, its cgroup and its process gr
 
     argv = substitute(command, payload)       {path} <- payload["path"]; missing: permanent
     a fresh empty folder: cwd, HOME, TMPDIR   removed afterwards
+    environment: PATH, LANG, LC_*, TZ, FLEETD_JOB_*, the handler's env table; nothing else
     fork + exec, no shell                     SIGINT/SIGTERM back to default, PDEATHSIG
     stdin  <- the payload as JSON             stdout, stderr <- read as they come
     wait for: exit | the job's deadline | stall_timeout without a byte of output
@@ -53,11 +54,13 @@ PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 @dataclass(frozen=True, slots=True)
 class CommandSpec:
     """A command handler as configured: ``argv`` with ``{name}`` placeholders, the stall
-    timeout in seconds (None: none) and the exit codes that dead-letter at once."""
+    timeout in seconds (None: none), the exit codes that dead-letter at once and the
+    variables it sets in the program's environment."""
 
     argv: tuple[str, ...]
     stall_timeout: float | None = None
     permanent_codes: frozenset[int] = frozenset()
+    env: tuple[tuple[str, str], ...] = ()  # the handler's own ``env = { NAME = "value" }``
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) for a in self.argv) or not self.argv[0]:
@@ -214,21 +217,49 @@ class CommandError(Exception):
     """A command handler called directly (not by the runtime) failed."""
 
 
-def job_environment(folder: str) -> dict[str, str]:
-    """The worker's environment with the job's folder as HOME and TMPDIR, and the job named."""
-    env = dict(os.environ)
+# what the program inherits from the worker's environment; nothing else (a secret the
+# supervisor was given, such as a database password, never reaches a job's program)
+PASSED_ENV = ("PATH", "LANG", "TZ")
+PASSED_ENV_PREFIXES = ("LC_", "FLEETD_JOB_")
+
+
+def build_environment(
+    base: Mapping[str, str],
+    folder: str,
+    job: Mapping[str, str],
+    extra: tuple[tuple[str, str], ...] = (),
+) -> dict[str, str]:
+    """The program's environment (pure): from ``base`` only PATH, LANG, TZ, LC_* and
+    FLEETD_JOB_*; the job's folder as HOME and TMPDIR; ``job`` (FLEETD_JOB_* values); then
+    the handler's own ``extra`` variables, which win.
+
+    >>> build_environment({"PATH": "/bin", "DB_PASSWORD": "x"}, "/t", {}, (("A", "1"),))
+    {'PATH': '/bin', 'HOME': '/t', 'TMPDIR': '/t', 'TMP': '/t', 'TEMP': '/t', 'A': '1'}
+    """
+    env = {
+        name: value
+        for name, value in base.items()
+        if name in PASSED_ENV or name.startswith(PASSED_ENV_PREFIXES)
+    }
     env.update(HOME=folder, TMPDIR=folder, TMP=folder, TEMP=folder)
+    env.update(job)
+    env.update(extra)
+    return env
+
+
+def job_environment(folder: str, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    """The program's environment for the current job (``build_environment``)."""
     try:
         job = context.current_job()
     except RuntimeError:
-        return env
-    env.update(
-        FLEETD_JOB_ID=str(job.id),
-        FLEETD_JOB_KIND=job.kind,
-        FLEETD_JOB_ATTEMPT=str(job.attempt),
-        FLEETD_JOB_DEADLINE=f"{job.deadline:.3f}",
-    )
-    return env
+        return build_environment(os.environ, folder, {}, extra)
+    named = {
+        "FLEETD_JOB_ID": str(job.id),
+        "FLEETD_JOB_KIND": job.kind,
+        "FLEETD_JOB_ATTEMPT": str(job.attempt),
+        "FLEETD_JOB_DEADLINE": f"{job.deadline:.3f}",
+    }
+    return build_environment(os.environ, folder, named, extra)
 
 
 def _deadline(start: float) -> float:
@@ -276,7 +307,7 @@ class _Run:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=self.folder,
-                env=job_environment(self.folder),
+                env=job_environment(self.folder, self.spec.env),
                 preexec_fn=_in_child,
                 close_fds=True,
             )

@@ -25,7 +25,8 @@ REPORT = (
     "open('scratch', 'w').write('x')\n"
     "print(json.dumps({'argv': sys.argv[1:], 'doc': payload['doc'], 'cwd': os.getcwd(),\n"
     "    'home': os.environ['HOME'], 'tmp': os.environ['TMPDIR'],\n"
-    "    'job': os.environ['FLEETD_JOB_ID']}))\n"
+    "    'job': os.environ['FLEETD_JOB_ID'], 'secret': os.environ.get('FLEETD_TEST_SECRET'),\n"
+    "    'own': os.environ.get('REPORT_MODE')}))\n"
 )
 # gradual: 8 MiB touched every 10 ms, the way a decoder's buffers grow
 GROW = (
@@ -40,7 +41,10 @@ FAILS = "echo 'reading input' >&2; echo 'bad header on line 3' >&2; pwd >&2; exi
 
 def pools(memory_cgroup: bool = True) -> dict:
     commands = {
-        "report": {"command": [PY, "-c", REPORT, "--doc={doc}", "{page}"]},
+        "report": {
+            "command": [PY, "-c", REPORT, "--doc={doc}", "{page}"],
+            "env": {"REPORT_MODE": "full"},
+        },
         "text": {"command": ["sh", "-c", "echo plain words; echo 'to stderr' >&2"]},
         "fails": {
             "command": [
@@ -86,7 +90,9 @@ def pools(memory_cgroup: bool = True) -> dict:
     }
 
 
-def test_command_outcomes(fleet: Harness) -> None:
+def test_command_outcomes(fleet: Harness, monkeypatch) -> None:
+    # the supervisor's environment (a database password, say) never reaches a program
+    monkeypatch.setenv("FLEETD_TEST_SECRET", "hunter2")
     fleet.configure(pools())
     sup = fleet.start()
     sup.wait_workers(fleet.store, "cmd", 4)
@@ -111,6 +117,8 @@ def test_command_outcomes(fleet: Harness) -> None:
     assert report.result["exit_code"] == 0
     assert out["argv"] == ["--doc=a b.pdf", "7"] and out["doc"] == "a b.pdf"
     assert out["cwd"] == out["home"] == out["tmp"] and out["job"] == str(report.id)
+    assert out["secret"] is None, "the supervisor's environment reached the program"
+    assert out["own"] == "full", "the handler's env table did not reach the program"
     assert os.path.basename(out["cwd"]).startswith("fleetd-job-")
     assert not os.path.exists(out["cwd"]), "the job's folder outlived it"
 

@@ -18,6 +18,7 @@ from workers.command import (
     CommandSpec,
     Ending,
     MissingField,
+    build_environment,
     classify,
     result_of,
     stderr_tail,
@@ -168,6 +169,13 @@ CONFIG_ERRORS = [
         "not a list",
     ),
     ('stall_timeout = "1s"', "pools.media.handlers.pdf_text", "without command"),
+    ('command = ["x"], env = { A = 1 }', "pools.media.handlers.pdf_text.env.A", "not a string"),
+    ('command = ["x"], env = "A=1"', "pools.media.handlers.pdf_text.env", "not a table"),
+    (
+        'command = ["x"], env = { "A B" = "1" }',
+        'pools.media.handlers.pdf_text.env."A B"',
+        "not a variable name",
+    ),
 ]
 
 
@@ -184,6 +192,40 @@ def test_config_errors(tmp_path: Path, table: str, key: str, fragment: str) -> N
 def test_config_reads_a_command(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     table = 'command = ["sh", "-c", "cat", "{x}"], stall_timeout = "250ms", permanent_codes = [3]'
-    path.write_text(POOL % table)
+    path.write_text(POOL % (table + ', env = { LANG = "C", B = "2" }'))
     spec = load_config(path, environ={}).pools["media"].handlers["pdf_text"]
-    assert spec == CommandSpec(("sh", "-c", "cat", "{x}"), 0.25, frozenset({3}))
+    env = (("B", "2"), ("LANG", "C"))
+    assert spec == CommandSpec(("sh", "-c", "cat", "{x}"), 0.25, frozenset({3}), env)
+
+
+BASE_ENV = {
+    "PATH": "/usr/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C",
+    "TZ": "UTC",
+    "HOME": "/root",
+    "DATABASE_URL": "postgresql://u:secret@db/x",
+    "PGPASSWORD": "secret",
+    "FLEETD_JOB_ID": "old",
+}
+
+FOLDER = {"HOME": "/j", "TMPDIR": "/j", "TMP": "/j", "TEMP": "/j"}
+KEPT = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC", "FLEETD_JOB_ID": "old"}
+
+ENVIRONMENTS = [
+    (BASE_ENV, {}, (), {**KEPT, **FOLDER}),
+    (BASE_ENV, {"FLEETD_JOB_ID": "7"}, (), {**KEPT, **FOLDER, "FLEETD_JOB_ID": "7"}),
+    (
+        BASE_ENV,
+        {},
+        (("MAGICK_LIMIT", "1"), ("PATH", "/opt/bin")),
+        {**KEPT, **FOLDER, "MAGICK_LIMIT": "1", "PATH": "/opt/bin"},
+    ),
+    (BASE_ENV, {}, (("HOME", "/elsewhere"),), {**KEPT, **FOLDER, "HOME": "/elsewhere"}),
+    ({"LC_TIME": "C", "LCX": "no", "PATHX": "no"}, {}, (), {"LC_TIME": "C", **FOLDER}),
+]
+
+
+@pytest.mark.parametrize(("base", "job", "extra", "expected"), ENVIRONMENTS)
+def test_build_environment(base: dict, job: dict, extra: tuple, expected: dict) -> None:
+    assert build_environment(base, "/j", job, extra) == expected
