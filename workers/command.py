@@ -203,14 +203,27 @@ class CommandHandler:
             argv = substitute(self.spec.argv, payload)
         except MissingField as exc:
             return Outcome(error_kind=protocol.PERMANENT, message=f"{exc}: not run")
-        folder = tempfile.mkdtemp(prefix="fleetd-job-")
+        try:
+            folder = tempfile.mkdtemp(prefix="fleetd-job-")
+        except OSError as exc:
+            where = tempfile.gettempdir()
+            message = f"cannot create the job's folder in {where}: {exc.strerror or exc}: not run"
+            return Outcome(error_kind=protocol.EXCEPTION, message=message)
         try:
             outcome = _Run(self.spec, argv, payload, folder, start).run()
+        except Exception as exc:  # the worker must live; the job fails
+            outcome = Outcome(error_kind=protocol.EXCEPTION, message=_broke(self.spec, exc))
         finally:
-            tree.end_all()  # anything it left running holds the folder open
+            tree.end_all()  # anything it left running holds the folder open; reaped
             shutil.rmtree(folder, ignore_errors=True)
         outcome.duration = time.monotonic() - start
         return outcome
+
+
+def _broke(spec: CommandSpec, exc: BaseException) -> str:
+    """The message of a job whose runner failed (not the program): what failed, and why."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"running {spec.program!r} failed in the worker: {type(exc).__name__}: {why}"
 
 
 class CommandError(Exception):

@@ -368,7 +368,7 @@ class _Worker:
         )
         try:
             if isinstance(handler, CommandHandler):
-                outcome = handler.run(payload)  # its own deadline and kill ladder
+                outcome = _run_command(handler, payload)  # its own deadline and kill ladder
             else:
                 outcome = call(_soft_timeout_window(handler), payload)
         finally:
@@ -485,6 +485,17 @@ def _peak(outcome: Outcome) -> int | None:
 
 def _raise_soft_timeout(signum: int, frame: object) -> None:
     raise SoftTimeout("the job ran past its timeout; the worker is killed shortly")
+
+
+def _run_command(handler: CommandHandler, payload: Any) -> Outcome:
+    """``handler.run``, which should never raise; if it does anyway (a bug, an OSError in a
+    place not foreseen) the job fails as ``exception`` saying what failed, and the worker
+    lives on."""
+    try:
+        return handler.run(payload)
+    except Exception as exc:
+        message = f"the command runner failed: {one_line(exc, MAX_TEXT - 40)}"
+        return Outcome(error_kind=protocol.EXCEPTION, message=message)
 
 
 def _soft_timeout_window(handler: Handler) -> Handler:

@@ -4,8 +4,10 @@ of a bad handler table."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from supervisor.errors import ConfigError
 from workers import protocol
 from workers.command import (
     RESULT_TEXT,
+    CommandHandler,
     CommandSpec,
     Ending,
     MissingField,
@@ -229,3 +232,24 @@ ENVIRONMENTS = [
 @pytest.mark.parametrize(("base", "job", "extra", "expected"), ENVIRONMENTS)
 def test_build_environment(base: dict, job: dict, extra: tuple, expected: dict) -> None:
     assert build_environment(base, "/j", job, extra) == expected
+
+
+# ---- a runner that fails does not raise ----
+
+
+def test_run_without_a_writable_temp_dir_fails_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/fleetd-tmp")
+    outcome = CommandHandler(CommandSpec(("true",))).run({})
+    assert outcome.error_kind == protocol.EXCEPTION
+    assert "cannot create the job's folder in /nonexistent/fleetd-tmp" in outcome.message
+
+
+def test_run_when_pidfd_open_fails_fails_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(pid: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "pidfd_open", refuse)
+    outcome = CommandHandler(CommandSpec(("sleep", "30"))).run({})
+    assert outcome.error_kind == protocol.EXCEPTION
+    assert "running 'sleep' failed in the worker: OSError: Too many open files" in outcome.message
+    assert outcome.duration < 5  # the program was killed, not waited for
