@@ -48,6 +48,10 @@ STDOUT_KEEP = 8 * 1024 * 1024  # stdout kept whole up to this, for JSON; past it
 STDERR_KEEP = 64 * 1024  # bytes of stderr kept (its tail)
 STDERR_LINES = 10  # lines of stderr's tail in last_error
 STDERR_CHARS = 1500  # ... at most this many characters of them
+# where a job's folder is made: the worker's own directory (workers.scratch, set at the
+# worker's start), which the supervisor removes when it reaps the worker; None: the default
+# temp directory
+FOLDER_ROOT: str | None = None
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -204,9 +208,9 @@ class CommandHandler:
         except MissingField as exc:
             return Outcome(error_kind=protocol.PERMANENT, message=f"{exc}: not run")
         try:
-            folder = tempfile.mkdtemp(prefix="fleetd-job-")
+            folder = tempfile.mkdtemp(prefix="fleetd-job-", dir=FOLDER_ROOT)
         except OSError as exc:
-            where = tempfile.gettempdir()
+            where = FOLDER_ROOT or tempfile.gettempdir()
             message = f"cannot create the job's folder in {where}: {exc.strerror or exc}: not run"
             return Outcome(error_kind=protocol.EXCEPTION, message=message)
         try:

@@ -56,7 +56,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from workers import context, exitcodes, limits, privileges, proctitle, protocol, tree
+from workers import (
+    command,
+    context,
+    exitcodes,
+    limits,
+    privileges,
+    proctitle,
+    protocol,
+    scratch,
+    tree,
+)
 from workers.command import CommandHandler
 from workers.errors import SoftTimeout, one_line
 from workers.handlers import Handler
@@ -103,6 +113,9 @@ class WorkerSpec:
     # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
     # None: no alarm
     hard_deadline: float | None = None
+    # the supervisor's directory under which this worker makes its own for its command jobs'
+    # folders (workers.scratch); the supervisor removes the worker's when it reaps it
+    scratch_root: str | None = None
 
     def __post_init__(self) -> None:
         # Checked in the parent, before the fork: a bad spec must not become a fork loop.
@@ -187,6 +200,7 @@ class _Worker:
         os.set_blocking(self.fd, True)
         limits.set_pdeathsig(signal.SIGKILL)  # at once: covers the privilege drop below
         limits.prepare_peak_reset()  # before the uid change makes /proc/self root's
+        self._make_scratch()  # before the uid change: owned by the user it becomes
         self._drop_privileges()
         limits.set_pdeathsig(signal.SIGKILL)  # again: a uid or gid change cleared it
         if os.getppid() != self.spec.parent_pid:
@@ -232,6 +246,21 @@ class _Worker:
             if near >= warm_rss + ROOM_TO_GROW:
                 caps.append(near)
         return min(caps) if caps else None
+
+    def _make_scratch(self) -> None:
+        """This worker's directory for its command jobs' folders (``workers.scratch``)."""
+        if self.spec.scratch_root is None:
+            return
+        try:
+            identity = privileges.resolve(self.spec.user, self.spec.group)
+        except KeyError:
+            identity = None  # _drop_privileges says why and exits
+        owner = None
+        if identity is not None:
+            owner = (-1 if identity.uid is None else identity.uid, identity.gid)
+        command.FOLDER_ROOT = scratch.make_worker_dir(
+            self.spec.scratch_root, self.spec.pool, self.spec.slot, owner
+        )
 
     def _drop_privileges(self) -> None:
         """Switch to the pool's user/group, if any."""

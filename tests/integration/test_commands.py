@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from supervisor.model import ErrorKind, JobState
 from tests.integration.fleet import Harness, alive
@@ -30,7 +31,9 @@ REPORT = (
 )
 # gradual: 8 MiB touched every 10 ms, the way a decoder's buffers grow
 GROW = (
-    "import time\n"
+    "import json, os, sys, time\n"
+    "open(json.load(sys.stdin)['mark'], 'w').write(os.getcwd())\n"
+    "open('partial.out', 'wb').write(b'x' * 4096)\n"
     "held = []\n"
     "for _ in range(256):\n"
     "    held.append(b'x' * (8 << 20))\n"
@@ -90,7 +93,7 @@ def pools(memory_cgroup: bool = True) -> dict:
     }
 
 
-def test_command_outcomes(fleet: Harness, monkeypatch) -> None:
+def test_command_outcomes(fleet: Harness, monkeypatch, tmp_path) -> None:
     # the supervisor's environment (a database password, say) never reaches a program
     monkeypatch.setenv("FLEETD_TEST_SECRET", "hunter2")
     fleet.configure(pools())
@@ -105,7 +108,7 @@ def test_command_outcomes(fleet: Harness, monkeypatch) -> None:
         "segv": fleet.enqueue("segv"),
         "silent": fleet.enqueue("silent"),
         "hang": fleet.enqueue("hang"),
-        "grow": fleet.enqueue("grow"),
+        "grow": fleet.enqueue("grow", {"mark": str(tmp_path / "grow-cwd")}),
     }
     jobs = dict(
         zip(ids, fleet.wait_final(list(ids.values()), timeout=40, watch=[sup]), strict=True)
@@ -167,6 +170,15 @@ def test_command_outcomes(fleet: Harness, monkeypatch) -> None:
     grow = jobs["grow"]
     assert grow.error_kind == ErrorKind.MEMORY_LIMIT, grow
     assert "memory_limit 128MiB" in grow.last_error
+    # its worker was killed mid-job: the supervisor removed the worker's directory of folders
+    folder = (tmp_path / "grow-cwd").read_text()
+    worker_dir = os.path.dirname(folder)
+    assert os.path.basename(os.path.dirname(worker_dir)) == f"fleetd-{sup.pid}", folder
+    assert os.path.basename(worker_dir).startswith("grow-1-"), folder
+    deadline = time.monotonic() + 2
+    while os.path.exists(worker_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(worker_dir), "a killed worker's job folder outlived it"
 
 
 def _name(proc) -> str:

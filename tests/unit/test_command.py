@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.errors import ConfigError
-from workers import protocol
+from workers import protocol, scratch
 from workers.command import (
     RESULT_TEXT,
     CommandHandler,
@@ -253,3 +253,36 @@ def test_run_when_pidfd_open_fails_fails_the_job(monkeypatch: pytest.MonkeyPatch
     assert outcome.error_kind == protocol.EXCEPTION
     assert "running 'sleep' failed in the worker: OSError: Too many open files" in outcome.message
     assert outcome.duration < 5  # the program was killed, not waited for
+
+
+# ---- where job folders live (workers.scratch) ----
+
+STALE = [
+    (["fleetd-10", "fleetd-11", "fleetd-12"], {11}, 12, ["fleetd-10"]),
+    (["fleetd-job-abc", "fleetd-", "fleetd-1x", "other-10", "fleetd-10"], set(), 1, ["fleetd-10"]),
+    ([], set(), 1, []),
+]
+
+
+@pytest.mark.parametrize(("names", "alive", "own", "expected"), STALE)
+def test_stale_supervisor_dirs(names: list[str], alive: set, own: int, expected: list) -> None:
+    assert scratch.stale(names, alive.__contains__, own) == expected
+
+
+def test_worker_dir_names_pool_slot_and_pid() -> None:
+    assert scratch.worker_dir("/t/fleetd-9", "media", 2, 77) == "/t/fleetd-9/media-2-77"
+    assert scratch.worker_dir("/t/fleetd-9", "a/b", 1, 5) == "/t/fleetd-9/a_b-1-5"
+
+
+def test_make_root_removes_the_dirs_of_gone_supervisors(tmp_path: Path) -> None:
+    gone = os.fork()
+    if gone == 0:
+        os._exit(0)
+    os.waitpid(gone, 0)
+    (tmp_path / f"fleetd-{gone}" / "pool-1-5" / "fleetd-job-x").mkdir(parents=True)
+    (tmp_path / f"fleetd-{os.getppid()}").mkdir()  # a running supervisor's: kept
+    root, removed = scratch.make_root(str(tmp_path), os.getpid())
+    assert root == str(tmp_path / f"fleetd-{os.getpid()}") and os.path.isdir(root)
+    assert removed == [str(tmp_path / f"fleetd-{gone}")]
+    assert not (tmp_path / f"fleetd-{gone}").exists()
+    assert (tmp_path / f"fleetd-{os.getppid()}").exists()
