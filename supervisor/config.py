@@ -39,7 +39,7 @@ from pydantic import (
 from supervisor import schedules, units
 from supervisor.errors import ConfigError, UnknownKind
 from supervisor.model import NAME_MAX, PRIORITY_MAX, PRIORITY_MIN
-from workers.command import PLACEHOLDER, CommandSpec
+from workers.command import CommandSpec, placeholder_names
 
 __all__ = [
     "FleetConfig",
@@ -187,7 +187,7 @@ def _command(table: Mapping[str, Any]) -> CommandSpec:
         if not isinstance(arg, str) or "\0" in arg or (i == 0 and not arg.strip()):
             what = "a program name" if i == 0 else "a string argument"
             raise _Problem(f"{arg!r} is not {what} (expected {what})", ("command", i))
-    if PLACEHOLDER.search(argv[0]):
+    if placeholder_names(argv[0]):
         raise _Problem(
             f"{argv[0]!r} names the program from the payload (expected a fixed program)",
             ("command", 0),

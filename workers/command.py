@@ -52,7 +52,8 @@ STDERR_CHARS = 1500  # ... at most this many characters of them
 # worker's start), which the supervisor removes when it reaps the worker; None: the default
 # temp directory
 FOLDER_ROOT: str | None = None
-PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# ``{name}`` a payload field; ``{{`` and ``}}`` a literal brace (``["awk", "{{print $1}}"]``)
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,28 +79,54 @@ class CommandSpec:
         """The payload fields the command names, in order, once each."""
         names: list[str] = []
         for arg in self.argv:
-            names += [n for n in PLACEHOLDER.findall(arg) if n not in names]
+            names += [n for n in placeholder_names(arg) if n not in names]
         return names
 
 
+def placeholder_names(arg: str) -> list[str]:
+    """The ``{name}`` placeholders of one argument (``{{`` and ``}}`` are literal braces).
+
+    >>> placeholder_names("{{x}} {y}-{z}")
+    ['y', 'z']
+    """
+    return [m[1] for m in PLACEHOLDER.finditer(arg) if m[1]]
+
+
 class MissingField(Exception):
-    """A placeholder names a payload field that is missing or not a string or number."""
+    """A placeholder names a payload field that is missing or not a string or number, or
+    whose value would be read as an option (``OptionField``)."""
+
+
+class OptionField(MissingField):
+    """A payload value that would start an argument with ``-`` (an option) before ``--``."""
 
 
 def substitute(argv: tuple[str, ...], payload: Any) -> list[str]:
     """``argv`` with each ``{name}`` replaced by the payload's top-level field ``name`` (a
-    string or a number). Raises MissingField naming the field and why.
+    string or a number), and ``{{`` / ``}}`` by ``{`` / ``}``. Raises MissingField naming
+    the field and why; OptionField when a payload value would make an argument start with
+    ``-`` (an option: ``-opw=x``) and no argument before it is exactly ``--``. An argument
+    that starts with ``-`` in the config (``--page={n}``) is an option by design.
 
     >>> substitute(("convert", "{src}", "out-{n}.png"), {"src": "a.pdf", "n": 3})
     ['convert', 'a.pdf', 'out-3.png']
+    >>> substitute(("awk", "{{print}}", "--", "{f}"), {"f": "-in"})
+    ['awk', '{print}', '--', '-in']
     """
 
     def value(match: re.Match[str]) -> str:
+        if match[0] == "{{":
+            return "{"
+        if match[0] == "}}":
+            return "}"
         name = match[1]
         if not isinstance(payload, Mapping):
             raise MissingField(f"the payload is not a JSON object, so it has no field {name!r}")
         if name not in payload:
-            raise MissingField(f"the payload has no field {name!r} (the command uses {{{name}}})")
+            raise MissingField(
+                f"the payload has no field {name!r} (the command uses {{{name}}}; "
+                f"write {{{{{name}}}}} for a literal {{{name}}})"
+            )
         field = payload[name]
         if isinstance(field, bool) or not isinstance(field, str | int | float):
             kind = "null" if field is None else type(field).__name__
@@ -110,7 +137,17 @@ def substitute(argv: tuple[str, ...], payload: Any) -> list[str]:
             raise MissingField(f"the payload's field {name!r} contains a NUL byte")
         return str(field)
 
-    return [PLACEHOLDER.sub(value, arg) for arg in argv]
+    out: list[str] = []
+    for arg in argv:
+        text = PLACEHOLDER.sub(value, arg)
+        if text.startswith("-") and not arg.startswith("-") and "--" not in out:
+            names = ", ".join(map(repr, placeholder_names(arg)))
+            raise OptionField(
+                f"the payload's field {names} makes the argument {text[:80]!r}, which starts "
+                f"with '-' and would be read as an option (put \"--\" before it in the command)"
+            )
+        out.append(text)
+    return out
 
 
 def result_of(stdout: bytes, complete: bool, code: int = 0) -> dict[str, Any]:

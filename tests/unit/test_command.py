@@ -38,7 +38,14 @@ SUBSTITUTIONS = [
     (("p", "{x}"), {"x": 1.5}, ["p", "1.5"]),
     (("p", "{'a': 1}", "{}", "{ x }"), {}, ["p", "{'a': 1}", "{}", "{ x }"]),  # not names
     (("p", "$HOME", "*", "; rm -rf /"), {}, ["p", "$HOME", "*", "; rm -rf /"]),  # no shell
-    (("p", "{a}{b}"), {"a": "-", "b": "x"}, ["p", "-x"]),
+    (("p", "--", "{a}{b}"), {"a": "-", "b": "x"}, ["p", "--", "-x"]),  # after --: an operand
+    (("p", "--doc={d}", "-o{d}"), {"d": "-x"}, ["p", "--doc=-x", "-o-x"]),  # options by config
+    (("p", "{n}"), {"n": 3}, ["p", "3"]),
+    (("p", "x{a}"), {"a": "-v"}, ["p", "x-v"]),
+    (("awk", "{{print}}"), {}, ["awk", "{print}"]),  # literal braces
+    (("awk", "{{print {f}}}"), {"f": "$1"}, ["awk", "{print $1}"]),
+    (("p", "{{{a}}}", "}}{{"), {"a": "v"}, ["p", "{v}", "}{"]),
+    (("p", "{{a}"), {"a": "v"}, ["p", "{a}"]),  # {{ first: then a literal "a}"
 ]
 
 
@@ -55,6 +62,9 @@ MISSING = [
     ({"path": {"a": 1}}, "is a dict"),
     ({"path": "a\0b"}, "NUL"),
     (["path"], "not a JSON object"),
+    ({"path": "-opw=x"}, "starts with '-' and would be read as an option"),
+    ({"path": -1}, "'path' makes the argument '-1'"),
+    ({"path": "-"}, 'put "--" before it'),
 ]
 
 
@@ -62,6 +72,16 @@ MISSING = [
 def test_substitute_refuses(payload: object, fragment: str) -> None:
     with pytest.raises(MissingField, match=fragment.replace("(", r"\(")):
         substitute(("p", "{path}"), payload)
+
+
+def test_option_injection_is_permanent_and_runs_nothing() -> None:
+    outcome = CommandHandler(CommandSpec(("cat", "{path}"))).run({"path": "-opw=x"})
+    assert outcome.error_kind == protocol.PERMANENT and "not run" in outcome.message
+
+
+def test_a_missing_field_hints_at_literal_braces() -> None:
+    with pytest.raises(MissingField, match=r"write \{\{print\}\} for a literal \{print\}"):
+        substitute(("awk", "{print}"), {})
 
 
 def test_placeholders_in_order_once_each() -> None:
