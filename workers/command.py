@@ -52,6 +52,12 @@ STDERR_CHARS = 1500  # ... at most this many characters of them
 # worker's start), which the supervisor removes when it reaps the worker; None: the default
 # temp directory
 FOLDER_ROOT: str | None = None
+# what a program says on stderr when an allocation failed (RLIMIT_DATA, the cgroup's limit):
+# Python, C (strerror ENOMEM), C++, and most runtimes and libraries
+OUT_OF_MEMORY = re.compile(
+    r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory", re.IGNORECASE
+)
+MEMORY_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV})  # a failed malloc, unchecked
 # ``{name}`` a payload field; ``{{`` and ``}}`` a literal brace (``["awk", "{{print $1}}"]``)
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -188,8 +194,10 @@ def classify(
     spec: CommandSpec, ending: Ending, stdout: bytes, complete: bool, stderr: bytes
 ) -> Outcome:
     """A finished command -> the job's outcome (pure). The runner's own stop wins: timeout or
-    stall are ``timeout``; then exit 0 is done, a code in ``permanent_codes`` is
-    ``permanent``, another code ``exception``, a signal ``crashed``."""
+    stall are ``timeout``; then exit 0 is done; a non-zero exit or SIGABRT/SIGSEGV with an
+    allocation failure in stderr's tail (``OUT_OF_MEMORY``) is ``memory_limit`` (the
+    program hit RLIMIT_DATA at once, before the watchdog could see it); then a code in
+    ``permanent_codes`` is ``permanent``, another code ``exception``, a signal ``crashed``."""
     prog = os.path.basename(spec.program)
     tail = stderr_tail(stderr)
     said = f"; stderr: {tail}" if tail else "; no stderr"
@@ -204,6 +212,18 @@ def classify(
         )
         return Outcome(error_kind=protocol.TIMEOUT, message=message, tail=tail)
     status = ending.status if ending.status is not None else 0
+    memory = OUT_OF_MEMORY.search(tail)
+    if memory and (
+        (os.WIFSIGNALED(status) and os.WTERMSIG(status) in MEMORY_SIGNALS)
+        or (os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0)
+    ):
+        how = (
+            f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+            if os.WIFSIGNALED(status)
+            else f"exited with code {os.WEXITSTATUS(status)}"
+        )
+        message = f"{prog} {how} after an allocation failed ({memory[0]!r} on stderr){said}"
+        return Outcome(error_kind=protocol.MEMORY_LIMIT, message=message, tail=tail)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:

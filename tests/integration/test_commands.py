@@ -82,7 +82,11 @@ def pools(memory_cgroup: bool = True) -> dict:
             "pipeline": 1,
         },
         "grow": {
-            "handlers": {"grow": {"command": [PY, "-c", GROW]}},
+            "handlers": {
+                "grow": {"command": [PY, "-c", GROW]},
+                # fails at once on RLIMIT_DATA: MemoryError, before the watchdog sees it
+                "instant": {"command": [PY, "-c", "b = bytearray(2 << 30)"]},
+            },
             "min_workers": 1,
             "max_workers": 1,
             "bound": "io",
@@ -109,6 +113,7 @@ def test_command_outcomes(fleet: Harness, monkeypatch, tmp_path) -> None:
         "silent": fleet.enqueue("silent"),
         "hang": fleet.enqueue("hang"),
         "grow": fleet.enqueue("grow", {"mark": str(tmp_path / "grow-cwd")}),
+        "instant": fleet.enqueue("instant"),
     }
     jobs = dict(
         zip(ids, fleet.wait_final(list(ids.values()), timeout=40, watch=[sup]), strict=True)
@@ -170,6 +175,8 @@ def test_command_outcomes(fleet: Harness, monkeypatch, tmp_path) -> None:
     grow = jobs["grow"]
     assert grow.error_kind == ErrorKind.MEMORY_LIMIT, grow
     assert "memory_limit 128MiB" in grow.last_error
+    instant = jobs["instant"]
+    assert instant.error_kind == ErrorKind.MEMORY_LIMIT, instant
     # its worker was killed mid-job: the supervisor removed the worker's directory of folders
     folder = (tmp_path / "grow-cwd").read_text()
     worker_dir = os.path.dirname(folder)

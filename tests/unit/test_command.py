@@ -147,6 +147,37 @@ CLASSIFY = [
 ]
 
 
+MEMORY = protocol.MEMORY_LIMIT
+OUT_OF_MEMORY = [
+    # (ending, stderr, error_kind, fragments)
+    (Ending(exited(1)), b"Traceback ...\nMemoryError\n", MEMORY, ["code 1 after an allocation"]),
+    (Ending(exited(1)), b"convert: Cannot allocate memory\n", MEMORY, ["'Cannot allocate"]),
+    (Ending(exited(2)), b"x: cannot allocate memory\n", MEMORY, ["code 2"]),  # over permanent
+    (
+        Ending(signal.SIGABRT),
+        b"terminate called after throwing an instance of 'std::bad_alloc'\n",
+        MEMORY,
+        ["killed by SIGABRT after an allocation failed"],
+    ),
+    (Ending(signal.SIGSEGV), b"fatal: Out of memory, malloc failed\n", MEMORY, ["SIGSEGV"]),
+    (Ending(exited(0)), b"warning: out of memory cache disabled\n", None, []),  # done is done
+    (Ending(signal.SIGKILL), b"out of memory\n", protocol.CRASHED, ["SIGKILL"]),
+    (Ending(signal.SIGKILL, "timeout", 2.0), b"MemoryError\n", protocol.TIMEOUT, ["timeout"]),
+    (Ending(exited(1)), b"bad header\n", protocol.EXCEPTION, ["code 1"]),
+    (Ending(signal.SIGABRT), b"assertion failed\n", protocol.CRASHED, ["SIGABRT"]),
+]
+
+
+@pytest.mark.parametrize(("ending", "stderr", "kind", "fragments"), OUT_OF_MEMORY)
+def test_classify_out_of_memory(
+    ending: Ending, stderr: bytes, kind: str | None, fragments: list[str]
+) -> None:
+    outcome = classify(SPEC, ending, b"", True, stderr)
+    assert outcome.error_kind == kind, outcome.message
+    for fragment in fragments:
+        assert fragment in outcome.message
+
+
 @pytest.mark.parametrize(("ending", "kind", "fragments"), CLASSIFY)
 def test_classify(ending: Ending, kind: str | None, fragments: list[str]) -> None:
     outcome = classify(SPEC, ending, b'{"ok": true}', True, b"warming up\nboom\n")
