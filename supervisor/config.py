@@ -143,6 +143,10 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _end_job_tree(value: Any) -> bool | None:
+    return None if value is None else _flag(value)
+
+
 def _text(pattern: str, expected: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if not isinstance(value, str) or not re.fullmatch(pattern, value):
@@ -387,6 +391,13 @@ class PoolConfig(BaseModel):
         True,
         "each worker its own /dev/shm (at most memory_limit), emptied after every job; root only",
     )
+    end_job_tree: Annotated[bool | None, BeforeValidator(_end_job_tree)] = _key(
+        None,
+        "kill every process a job left when it ends (Python handlers' helpers kept across jobs "
+        "too: a process pool, multiprocessing's resource tracker)",
+        example=True,
+        derived="true when the pool has a command handler, else false",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -417,6 +428,13 @@ class PoolConfig(BaseModel):
     def kinds(self) -> tuple[str, ...]:
         """The job kinds this pool runs, in the file's order."""
         return tuple(self.handlers)
+
+    @property
+    def ends_job_tree(self) -> bool:
+        """``end_job_tree``, or its default: true when a kind of the pool is a command."""
+        if self.end_job_tree is not None:
+            return self.end_job_tree
+        return any(isinstance(h, CommandSpec) for h in self.handlers.values())
 
 
 def _ordered(pool: PoolConfig, low: str, high: str, *, strict: bool) -> None:

@@ -116,6 +116,9 @@ class WorkerSpec:
     # the supervisor's directory under which this worker makes its own for its command jobs'
     # folders (workers.scratch); the supervisor removes the worker's when it reaps it
     scratch_root: str | None = None
+    # kill what a job left running when it ends (workers.tree.end_all); a command's own
+    # processes are killed by its runner whatever this says
+    end_job_tree: bool = True
 
     def __post_init__(self) -> None:
         # Checked in the parent, before the fork: a bad spec must not become a fork loop.
@@ -406,7 +409,8 @@ class _Worker:
                 # share the parent's connection. The copy leaves without a word.
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
-            tree.end_all()  # nothing the job started outlives it (workers.tree)
+            if spec.end_job_tree:
+                tree.end_all()  # nothing the job started outlives it (workers.tree)
             shm_full = self.own_shm and tree.shm_full()
             if self.own_shm:
                 tree.empty_shm()  # nor what it left in /dev/shm

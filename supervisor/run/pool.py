@@ -151,6 +151,7 @@ class Pool:
             hard_deadline=c.timeout + (c.soft_timeout or 0.0) + HARD_DEADLINE_GRACE,
             private_shm=c.private_shm,
             scratch_root=self.scratch_root,
+            end_job_tree=c.ends_job_tree,
         )
 
     def take_replacement(self) -> bool:

@@ -103,3 +103,25 @@ def test_what_a_job_leaves_in_dev_shm_does_not_outlive_it(fleet: Harness) -> Non
     assert a.result["pid"] == b.result["pid"]  # one worker ran both
     assert a.result["files"] == b.result["files"] == []  # its own, emptied after each job
     assert not os.path.exists(f"/dev/shm/{name}")  # never in the host's /dev/shm
+
+
+def test_python_helpers_kept_across_jobs_live_unless_end_job_tree(fleet: Harness) -> None:
+    def pool(end_job_tree: bool | None) -> dict:
+        keys = {} if end_job_tree is None else {"end_job_tree": end_job_tree}
+        return {"min_workers": 1, "max_workers": 1, "pipeline": 1, "max_deliveries": 1, **keys}
+
+    fleet.configure(
+        {
+            "kept": {"handlers": {"kept": TREE + "keep_helper"}, **pool(None)},
+            "ended": {"handlers": {"ended": TREE + "keep_helper"}, **pool(True)},
+        },
+        memory_cgroup=False,
+    )
+    sup = fleet.start()
+    ids = [fleet.enqueue(kind) for kind in ("kept", "ended", "kept", "ended")]
+    kept1, ended1, kept2, ended2 = fleet.wait_final(ids, timeout=30, watch=[sup])
+    # Python handlers only: the default keeps what a handler keeps on purpose
+    assert kept1.result == {"pid": kept1.result["pid"], "restarted": False}, kept1
+    assert kept2.result == {"pid": kept1.result["pid"], "restarted": False}, kept2
+    # end_job_tree = true: killed after every job, so started again
+    assert ended1.result["restarted"] is False and ended2.result["restarted"] is True, ended2

@@ -337,3 +337,27 @@ def test_make_root_removes_the_dirs_of_gone_supervisors(tmp_path: Path) -> None:
     assert removed == [str(tmp_path / f"fleetd-{gone}")]
     assert not (tmp_path / f"fleetd-{gone}").exists()
     assert (tmp_path / f"fleetd-{os.getppid()}").exists()
+
+
+# ---- end_job_tree: its default follows the pool's kinds ----
+
+END_JOB_TREE = [
+    ('handlers = { a = "m:f" }', False),
+    ('handlers = { a = "m:f", b = { command = ["x"] } }', True),
+    ('handlers = { b = { command = ["x"] } }\nend_job_tree = false', False),
+    ('handlers = { a = "m:f" }\nend_job_tree = true', True),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), END_JOB_TREE)
+def test_end_job_tree_default(tmp_path: Path, body: str, expected: bool) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(f"[pools.media]\n{body}\n")
+    assert load_config(path, environ={}).pools["media"].ends_job_tree is expected
+
+
+def test_end_job_tree_must_be_a_boolean(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text('[pools.media]\nhandlers = { a = "m:f" }\nend_job_tree = "yes"\n')
+    with pytest.raises(ConfigError, match=r"pools.media.end_job_tree: 'yes' is not a boolean"):
+        load_config(path, environ={})
