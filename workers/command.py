@@ -485,7 +485,7 @@ class _Run:
     def _stop(self, pid: int, pidfd: int) -> None:
         """SIGTERM to the program and everything the job started, TERM_GRACE for the program
         to exit, then SIGKILL to whatever is left."""
-        tree.signal_all(tree.descendants(), signal.SIGTERM)
+        tree.signal_all(tree.job_processes(), signal.SIGTERM)
         select.select([pidfd], [], [], TERM_GRACE)
         tree.signal_all([pid], signal.SIGKILL)
-        tree.signal_all(tree.descendants(), signal.SIGKILL)
+        tree.signal_all(tree.job_processes(), signal.SIGKILL)

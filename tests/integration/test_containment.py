@@ -113,15 +113,24 @@ def test_python_helpers_kept_across_jobs_live_unless_end_job_tree(fleet: Harness
     fleet.configure(
         {
             "kept": {"handlers": {"kept": TREE + "keep_helper"}, **pool(None)},
-            "ended": {"handlers": {"ended": TREE + "keep_helper"}, **pool(True)},
+            "ended": {
+                "handlers": {"ended": TREE + "keep_helper", "tracker": TREE + "resource_tracker"},
+                **pool(True),
+            },
         },
         memory_cgroup=False,
     )
     sup = fleet.start()
-    ids = [fleet.enqueue(kind) for kind in ("kept", "ended", "kept", "ended")]
-    kept1, ended1, kept2, ended2 = fleet.wait_final(ids, timeout=30, watch=[sup])
+    kinds = ("kept", "ended", "tracker", "kept", "ended", "tracker")
+    ids = [fleet.enqueue(kind) for kind in kinds]
+    kept1, ended1, tracker1, kept2, ended2, tracker2 = fleet.wait_final(
+        ids, timeout=30, watch=[sup]
+    )
     # Python handlers only: the default keeps what a handler keeps on purpose
     assert kept1.result == {"pid": kept1.result["pid"], "restarted": False}, kept1
     assert kept2.result == {"pid": kept1.result["pid"], "restarted": False}, kept2
     # end_job_tree = true: killed after every job, so started again
     assert ended1.result["restarted"] is False and ended2.result["restarted"] is True, ended2
+    # ... but multiprocessing's resource tracker is spared: one for every job of the worker
+    assert tracker1.state == tracker2.state == JobState.DONE, (tracker1, tracker2)
+    assert tracker1.result == tracker2.result and not gone(tracker1.result)

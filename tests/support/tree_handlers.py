@@ -147,3 +147,11 @@ def keep_helper(payload: dict[str, Any]) -> dict[str, Any]:
     if _HELPER is None or restarted:
         _HELPER = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     return {"pid": _HELPER.pid, "restarted": restarted}
+
+
+def resource_tracker(payload: dict[str, Any]) -> int:
+    """Start multiprocessing's resource tracker (once per worker) and return its pid."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    return resource_tracker._resource_tracker._pid
