@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.errors import ConfigError
-from workers import protocol, scratch
+from workers import protocol, scratch, tree
 from workers.command import (
     RESULT_TEXT,
     CommandHandler,
@@ -295,11 +295,22 @@ def test_run_without_a_writable_temp_dir_fails_the_job(monkeypatch: pytest.Monke
     assert "cannot create the job's folder in /nonexistent/fleetd-tmp" in outcome.message
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_run_when_pidfd_open_fails_fails_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(pid: int) -> int:
         raise OSError(errno.EMFILE, "Too many open files")
 
+    def the_sleep() -> list[int]:  # only the program: no other child of the test process
+        return [p for p in tree.descendants() if _cmdline(p) == b"sleep\x0030\x00"]
+
     monkeypatch.setattr(os, "pidfd_open", refuse)
+    monkeypatch.setattr(tree, "job_processes", the_sleep)
     outcome = CommandHandler(CommandSpec(("sleep", "30"))).run({})
     assert outcome.error_kind == protocol.EXCEPTION
     assert "running 'sleep' failed in the worker: OSError: Too many open files" in outcome.message
