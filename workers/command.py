@@ -16,11 +16,14 @@ One job, inside the worker (so inside its rlimits, its cgroup and its process gr
     wait for: exit | the job's deadline | stall_timeout without a byte of output
        deadline / stall -> SIGTERM to the job's tree, TERM_GRACE, SIGKILL
     classify(...)                             exit 0: done, the result from stdout;
-                                              else exception / permanent / crashed / timeout
+                                              else memory_limit (an allocation failure on
+                                              stderr) / exception / permanent / crashed /
+                                              timeout
 
-The decisions (``substitute``, ``result_of``, ``classify``) are pure and table-tested; the
-runner only does I/O. The job's leftovers (a daemon it started) are killed by the runtime
-after every job, command or not (``workers.tree``).
+The decisions (``substitute``, ``result_of``, ``classify``, ``build_environment``) are pure
+and table-tested; the runner only does I/O, and never raises: a failure of its own fails the
+job. The job's leftovers (a daemon it started) are killed when the job ends
+(``workers.tree.end_all``).
 """
 
 from __future__ import annotations
