@@ -39,7 +39,7 @@ from pydantic import (
 from supervisor import schedules, units
 from supervisor.errors import ConfigError, UnknownKind
 from supervisor.model import NAME_MAX, PRIORITY_MAX, PRIORITY_MIN
-from workers.command import PLACEHOLDER, CommandSpec
+from workers.command import CommandSpec, placeholder_names
 
 __all__ = [
     "FleetConfig",
@@ -143,6 +143,10 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _end_job_tree(value: Any) -> bool | None:
+    return None if value is None else _flag(value)
+
+
 def _text(pattern: str, expected: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if not isinstance(value, str) or not re.fullmatch(pattern, value):
@@ -168,11 +172,12 @@ def _handler(value: Any) -> str | CommandSpec:
     return value
 
 
-_COMMAND_KEYS = ["command", "stall_timeout", "permanent_codes"]
+_COMMAND_KEYS = ["command", "stall_timeout", "permanent_codes", "env"]
 
 
 def _command(table: Mapping[str, Any]) -> CommandSpec:
-    """``{ command = [argv...], stall_timeout = "30s", permanent_codes = [2, 65] }``."""
+    """``{ command = [argv...], stall_timeout = "30s", permanent_codes = [2, 65],
+    env = { NAME = "value" } }``."""
     for key in table:
         if key not in _COMMAND_KEYS:
             raise _Problem(_unknown_key(str(key), _COMMAND_KEYS), (key,))
@@ -186,7 +191,7 @@ def _command(table: Mapping[str, Any]) -> CommandSpec:
         if not isinstance(arg, str) or "\0" in arg or (i == 0 and not arg.strip()):
             what = "a program name" if i == 0 else "a string argument"
             raise _Problem(f"{arg!r} is not {what} (expected {what})", ("command", i))
-    if PLACEHOLDER.search(argv[0]):
+    if placeholder_names(argv[0]):
         raise _Problem(
             f"{argv[0]!r} names the program from the payload (expected a fixed program)",
             ("command", 0),
@@ -203,7 +208,19 @@ def _command(table: Mapping[str, Any]) -> CommandSpec:
         if isinstance(code, bool) or not isinstance(code, int) or not 1 <= code <= 255:
             message = f"{code!r} is not an exit code (expected an integer from 1 to 255)"
             raise _Problem(message, ("permanent_codes", i))
-    return CommandSpec(tuple(argv), stall, frozenset(codes))
+    env = table.get("env", {})
+    if not isinstance(env, Mapping):
+        raise _Problem(f'{env!r} is not a table (expected e.g. {{ LANG = "C.UTF-8" }})', ("env",))
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            message = f"{name!r} is not a variable name (expected letters, digits and _)"
+            raise _Problem(message, ("env", name))
+        if not isinstance(value, str) or "\0" in value:
+            raise _Problem(f"{value!r} is not a string (expected a string)", ("env", name))
+    return CommandSpec(tuple(argv), stall, frozenset(codes), tuple(sorted(env.items())))
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _kind_table(value: Any) -> Any:
@@ -374,6 +391,13 @@ class PoolConfig(BaseModel):
         True,
         "each worker its own /dev/shm (at most memory_limit), emptied after every job; root only",
     )
+    end_job_tree: Annotated[bool | None, BeforeValidator(_end_job_tree)] = _key(
+        None,
+        "kill every process a job left when it ends (Python handlers' helpers kept across jobs "
+        "too: a process pool, multiprocessing's resource tracker)",
+        example=True,
+        derived="true when the pool has a command handler, else false",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -404,6 +428,13 @@ class PoolConfig(BaseModel):
     def kinds(self) -> tuple[str, ...]:
         """The job kinds this pool runs, in the file's order."""
         return tuple(self.handlers)
+
+    @property
+    def ends_job_tree(self) -> bool:
+        """``end_job_tree``, or its default: true when a kind of the pool is a command."""
+        if self.end_job_tree is not None:
+            return self.end_job_tree
+        return any(isinstance(h, CommandSpec) for h in self.handlers.values())
 
 
 def _ordered(pool: PoolConfig, low: str, high: str, *, strict: bool) -> None:

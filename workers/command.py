@@ -10,16 +10,20 @@ One job, inside the worker (so inside its rlimits, its cgroup and its process gr
 
     argv = substitute(command, payload)       {path} <- payload["path"]; missing: permanent
     a fresh empty folder: cwd, HOME, TMPDIR   removed afterwards
+    environment: PATH, LANG, LC_*, TZ, FLEETD_JOB_*, the handler's env table; nothing else
     fork + exec, no shell                     SIGINT/SIGTERM back to default, PDEATHSIG
     stdin  <- the payload as JSON             stdout, stderr <- read as they come
     wait for: exit | the job's deadline | stall_timeout without a byte of output
        deadline / stall -> SIGTERM to the job's tree, TERM_GRACE, SIGKILL
     classify(...)                             exit 0: done, the result from stdout;
-                                              else exception / permanent / crashed / timeout
+                                              else memory_limit (an allocation failure on
+                                              stderr) / exception / permanent / crashed /
+                                              timeout
 
-The decisions (``substitute``, ``result_of``, ``classify``) are pure and table-tested; the
-runner only does I/O. The job's leftovers (a daemon it started) are killed by the runtime
-after every job, command or not (``workers.tree``).
+The decisions (``substitute``, ``result_of``, ``classify``, ``build_environment``) are pure
+and table-tested; the runner only does I/O, and never raises: a failure of its own fails the
+job. The job's leftovers (a daemon it started) are killed when the job ends
+(``workers.tree.end_all``).
 """
 
 from __future__ import annotations
@@ -47,17 +51,30 @@ STDOUT_KEEP = 8 * 1024 * 1024  # stdout kept whole up to this, for JSON; past it
 STDERR_KEEP = 64 * 1024  # bytes of stderr kept (its tail)
 STDERR_LINES = 10  # lines of stderr's tail in last_error
 STDERR_CHARS = 1500  # ... at most this many characters of them
-PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# where a job's folder is made: the worker's own directory (workers.scratch, set at the
+# worker's start), which the supervisor removes when it reaps the worker; None: the default
+# temp directory
+FOLDER_ROOT: str | None = None
+# what a program says on stderr when an allocation failed (RLIMIT_DATA, the cgroup's limit):
+# Python, C (strerror ENOMEM), C++, and most runtimes and libraries
+OUT_OF_MEMORY = re.compile(
+    r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory", re.IGNORECASE
+)
+MEMORY_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV})  # a failed malloc, unchecked
+# ``{name}`` a payload field; ``{{`` and ``}}`` a literal brace (``["awk", "{{print $1}}"]``)
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True, slots=True)
 class CommandSpec:
     """A command handler as configured: ``argv`` with ``{name}`` placeholders, the stall
-    timeout in seconds (None: none) and the exit codes that dead-letter at once."""
+    timeout in seconds (None: none), the exit codes that dead-letter at once and the
+    variables it sets in the program's environment."""
 
     argv: tuple[str, ...]
     stall_timeout: float | None = None
     permanent_codes: frozenset[int] = frozenset()
+    env: tuple[tuple[str, str], ...] = ()  # the handler's own ``env = { NAME = "value" }``
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) for a in self.argv) or not self.argv[0]:
@@ -71,28 +88,54 @@ class CommandSpec:
         """The payload fields the command names, in order, once each."""
         names: list[str] = []
         for arg in self.argv:
-            names += [n for n in PLACEHOLDER.findall(arg) if n not in names]
+            names += [n for n in placeholder_names(arg) if n not in names]
         return names
 
 
+def placeholder_names(arg: str) -> list[str]:
+    """The ``{name}`` placeholders of one argument (``{{`` and ``}}`` are literal braces).
+
+    >>> placeholder_names("{{x}} {y}-{z}")
+    ['y', 'z']
+    """
+    return [m[1] for m in PLACEHOLDER.finditer(arg) if m[1]]
+
+
 class MissingField(Exception):
-    """A placeholder names a payload field that is missing or not a string or number."""
+    """A placeholder names a payload field that is missing or not a string or number, or
+    whose value would be read as an option (``OptionField``)."""
+
+
+class OptionField(MissingField):
+    """A payload value that would start an argument with ``-`` (an option) before ``--``."""
 
 
 def substitute(argv: tuple[str, ...], payload: Any) -> list[str]:
     """``argv`` with each ``{name}`` replaced by the payload's top-level field ``name`` (a
-    string or a number). Raises MissingField naming the field and why.
+    string or a number), and ``{{`` / ``}}`` by ``{`` / ``}``. Raises MissingField naming
+    the field and why; OptionField when a payload value would make an argument start with
+    ``-`` (an option: ``-opw=x``) and no argument before it is exactly ``--``. An argument
+    that starts with ``-`` in the config (``--page={n}``) is an option by design.
 
     >>> substitute(("convert", "{src}", "out-{n}.png"), {"src": "a.pdf", "n": 3})
     ['convert', 'a.pdf', 'out-3.png']
+    >>> substitute(("awk", "{{print}}", "--", "{f}"), {"f": "-in"})
+    ['awk', '{print}', '--', '-in']
     """
 
     def value(match: re.Match[str]) -> str:
+        if match[0] == "{{":
+            return "{"
+        if match[0] == "}}":
+            return "}"
         name = match[1]
         if not isinstance(payload, Mapping):
             raise MissingField(f"the payload is not a JSON object, so it has no field {name!r}")
         if name not in payload:
-            raise MissingField(f"the payload has no field {name!r} (the command uses {{{name}}})")
+            raise MissingField(
+                f"the payload has no field {name!r} (the command uses {{{name}}}; "
+                f"write {{{{{name}}}}} for a literal {{{name}}})"
+            )
         field = payload[name]
         if isinstance(field, bool) or not isinstance(field, str | int | float):
             kind = "null" if field is None else type(field).__name__
@@ -103,7 +146,17 @@ def substitute(argv: tuple[str, ...], payload: Any) -> list[str]:
             raise MissingField(f"the payload's field {name!r} contains a NUL byte")
         return str(field)
 
-    return [PLACEHOLDER.sub(value, arg) for arg in argv]
+    out: list[str] = []
+    for arg in argv:
+        text = PLACEHOLDER.sub(value, arg)
+        if text.startswith("-") and not arg.startswith("-") and "--" not in out:
+            names = ", ".join(map(repr, placeholder_names(arg)))
+            raise OptionField(
+                f"the payload's field {names} makes the argument {text[:80]!r}, which starts "
+                f"with '-' and would be read as an option (put \"--\" before it in the command)"
+            )
+        out.append(text)
+    return out
 
 
 def result_of(stdout: bytes, complete: bool, code: int = 0) -> dict[str, Any]:
@@ -144,8 +197,10 @@ def classify(
     spec: CommandSpec, ending: Ending, stdout: bytes, complete: bool, stderr: bytes
 ) -> Outcome:
     """A finished command -> the job's outcome (pure). The runner's own stop wins: timeout or
-    stall are ``timeout``; then exit 0 is done, a code in ``permanent_codes`` is
-    ``permanent``, another code ``exception``, a signal ``crashed``."""
+    stall are ``timeout``; then exit 0 is done; a non-zero exit or SIGABRT/SIGSEGV with an
+    allocation failure in stderr's tail (``OUT_OF_MEMORY``) is ``memory_limit`` (the
+    program hit RLIMIT_DATA at once, before the watchdog could see it); then a code in
+    ``permanent_codes`` is ``permanent``, another code ``exception``, a signal ``crashed``."""
     prog = os.path.basename(spec.program)
     tail = stderr_tail(stderr)
     said = f"; stderr: {tail}" if tail else "; no stderr"
@@ -160,6 +215,18 @@ def classify(
         )
         return Outcome(error_kind=protocol.TIMEOUT, message=message, tail=tail)
     status = ending.status if ending.status is not None else 0
+    memory = OUT_OF_MEMORY.search(tail)
+    if memory and (
+        (os.WIFSIGNALED(status) and os.WTERMSIG(status) in MEMORY_SIGNALS)
+        or (os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0)
+    ):
+        how = (
+            f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+            if os.WIFSIGNALED(status)
+            else f"exited with code {os.WEXITSTATUS(status)}"
+        )
+        message = f"{prog} {how} after an allocation failed ({memory[0]!r} on stderr){said}"
+        return Outcome(error_kind=protocol.MEMORY_LIMIT, message=message, tail=tail)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:
@@ -200,35 +267,76 @@ class CommandHandler:
             argv = substitute(self.spec.argv, payload)
         except MissingField as exc:
             return Outcome(error_kind=protocol.PERMANENT, message=f"{exc}: not run")
-        folder = tempfile.mkdtemp(prefix="fleetd-job-")
+        try:
+            folder = tempfile.mkdtemp(prefix="fleetd-job-", dir=FOLDER_ROOT)
+        except OSError as exc:
+            where = FOLDER_ROOT or tempfile.gettempdir()
+            message = f"cannot create the job's folder in {where}: {exc.strerror or exc}: not run"
+            return Outcome(error_kind=protocol.EXCEPTION, message=message)
         try:
             outcome = _Run(self.spec, argv, payload, folder, start).run()
+        except Exception as exc:  # the worker must live; the job fails
+            outcome = Outcome(error_kind=protocol.EXCEPTION, message=_broke(self.spec, exc))
         finally:
-            tree.end_all()  # anything it left running holds the folder open
+            tree.end_all()  # anything it left running holds the folder open; reaped
             shutil.rmtree(folder, ignore_errors=True)
         outcome.duration = time.monotonic() - start
         return outcome
+
+
+def _broke(spec: CommandSpec, exc: BaseException) -> str:
+    """The message of a job whose runner failed (not the program): what failed, and why."""
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"running {spec.program!r} failed in the worker: {type(exc).__name__}: {why}"
 
 
 class CommandError(Exception):
     """A command handler called directly (not by the runtime) failed."""
 
 
-def job_environment(folder: str) -> dict[str, str]:
-    """The worker's environment with the job's folder as HOME and TMPDIR, and the job named."""
-    env = dict(os.environ)
+# what the program inherits from the worker's environment; nothing else (a secret the
+# supervisor was given, such as a database password, never reaches a job's program)
+PASSED_ENV = ("PATH", "LANG", "TZ")
+PASSED_ENV_PREFIXES = ("LC_", "FLEETD_JOB_")
+
+
+def build_environment(
+    base: Mapping[str, str],
+    folder: str,
+    job: Mapping[str, str],
+    extra: tuple[tuple[str, str], ...] = (),
+) -> dict[str, str]:
+    """The program's environment (pure): from ``base`` only PATH, LANG, TZ, LC_* and
+    FLEETD_JOB_*; the job's folder as HOME and TMPDIR; ``job`` (FLEETD_JOB_* values); then
+    the handler's own ``extra`` variables, which win.
+
+    >>> build_environment({"PATH": "/bin", "DB_PASSWORD": "x"}, "/t", {}, (("A", "1"),))
+    {'PATH': '/bin', 'HOME': '/t', 'TMPDIR': '/t', 'TMP': '/t', 'TEMP': '/t', 'A': '1'}
+    """
+    env = {
+        name: value
+        for name, value in base.items()
+        if name in PASSED_ENV or name.startswith(PASSED_ENV_PREFIXES)
+    }
     env.update(HOME=folder, TMPDIR=folder, TMP=folder, TEMP=folder)
+    env.update(job)
+    env.update(extra)
+    return env
+
+
+def job_environment(folder: str, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    """The program's environment for the current job (``build_environment``)."""
     try:
         job = context.current_job()
     except RuntimeError:
-        return env
-    env.update(
-        FLEETD_JOB_ID=str(job.id),
-        FLEETD_JOB_KIND=job.kind,
-        FLEETD_JOB_ATTEMPT=str(job.attempt),
-        FLEETD_JOB_DEADLINE=f"{job.deadline:.3f}",
-    )
-    return env
+        return build_environment(os.environ, folder, {}, extra)
+    named = {
+        "FLEETD_JOB_ID": str(job.id),
+        "FLEETD_JOB_KIND": job.kind,
+        "FLEETD_JOB_ATTEMPT": str(job.attempt),
+        "FLEETD_JOB_DEADLINE": f"{job.deadline:.3f}",
+    }
+    return build_environment(os.environ, folder, named, extra)
 
 
 def _deadline(start: float) -> float:
@@ -276,7 +384,7 @@ class _Run:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=self.folder,
-                env=job_environment(self.folder),
+                env=job_environment(self.folder, self.spec.env),
                 preexec_fn=_in_child,
                 close_fds=True,
             )
@@ -380,7 +488,7 @@ class _Run:
     def _stop(self, pid: int, pidfd: int) -> None:
         """SIGTERM to the program and everything the job started, TERM_GRACE for the program
         to exit, then SIGKILL to whatever is left."""
-        tree.signal_all(tree.descendants(), signal.SIGTERM)
+        tree.signal_all(tree.job_processes(), signal.SIGTERM)
         select.select([pidfd], [], [], TERM_GRACE)
         tree.signal_all([pid], signal.SIGKILL)
-        tree.signal_all(tree.descendants(), signal.SIGKILL)
+        tree.signal_all(tree.job_processes(), signal.SIGKILL)

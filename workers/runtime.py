@@ -56,7 +56,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from workers import context, exitcodes, limits, privileges, proctitle, protocol, tree
+from workers import (
+    command,
+    context,
+    exitcodes,
+    limits,
+    privileges,
+    proctitle,
+    protocol,
+    scratch,
+    tree,
+)
 from workers.command import CommandHandler
 from workers.errors import SoftTimeout, one_line
 from workers.handlers import Handler
@@ -103,6 +113,12 @@ class WorkerSpec:
     # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
     # None: no alarm
     hard_deadline: float | None = None
+    # the supervisor's directory under which this worker makes its own for its command jobs'
+    # folders (workers.scratch); the supervisor removes the worker's when it reaps it
+    scratch_root: str | None = None
+    # kill what a job left running when it ends (workers.tree.end_all); a command's own
+    # processes are killed by its runner whatever this says
+    end_job_tree: bool = True
 
     def __post_init__(self) -> None:
         # Checked in the parent, before the fork: a bad spec must not become a fork loop.
@@ -187,6 +203,7 @@ class _Worker:
         os.set_blocking(self.fd, True)
         limits.set_pdeathsig(signal.SIGKILL)  # at once: covers the privilege drop below
         limits.prepare_peak_reset()  # before the uid change makes /proc/self root's
+        self._make_scratch()  # before the uid change: owned by the user it becomes
         self._drop_privileges()
         limits.set_pdeathsig(signal.SIGKILL)  # again: a uid or gid change cleared it
         if os.getppid() != self.spec.parent_pid:
@@ -232,6 +249,21 @@ class _Worker:
             if near >= warm_rss + ROOM_TO_GROW:
                 caps.append(near)
         return min(caps) if caps else None
+
+    def _make_scratch(self) -> None:
+        """This worker's directory for its command jobs' folders (``workers.scratch``)."""
+        if self.spec.scratch_root is None:
+            return
+        try:
+            identity = privileges.resolve(self.spec.user, self.spec.group)
+        except KeyError:
+            identity = None  # _drop_privileges says why and exits
+        owner = None
+        if identity is not None:
+            owner = (-1 if identity.uid is None else identity.uid, identity.gid)
+        command.FOLDER_ROOT = scratch.make_worker_dir(
+            self.spec.scratch_root, self.spec.pool, self.spec.slot, owner
+        )
 
     def _drop_privileges(self) -> None:
         """Switch to the pool's user/group, if any."""
@@ -368,7 +400,7 @@ class _Worker:
         )
         try:
             if isinstance(handler, CommandHandler):
-                outcome = handler.run(payload)  # its own deadline and kill ladder
+                outcome = _run_command(handler, payload)  # its own deadline and kill ladder
             else:
                 outcome = call(_soft_timeout_window(handler), payload)
         finally:
@@ -377,7 +409,8 @@ class _Worker:
                 # share the parent's connection. The copy leaves without a word.
                 os._exit(exitcodes.INTERNAL_ERROR)
             context.unbind(token)
-            tree.end_all()  # nothing the job started outlives it (workers.tree)
+            if spec.end_job_tree:
+                tree.end_all()  # nothing the job started outlives it (workers.tree)
             shm_full = self.own_shm and tree.shm_full()
             if self.own_shm:
                 tree.empty_shm()  # nor what it left in /dev/shm
@@ -485,6 +518,17 @@ def _peak(outcome: Outcome) -> int | None:
 
 def _raise_soft_timeout(signum: int, frame: object) -> None:
     raise SoftTimeout("the job ran past its timeout; the worker is killed shortly")
+
+
+def _run_command(handler: CommandHandler, payload: Any) -> Outcome:
+    """``handler.run``, which should never raise; if it does anyway (a bug, an OSError in a
+    place not foreseen) the job fails as ``exception`` saying what failed, and the worker
+    lives on."""
+    try:
+        return handler.run(payload)
+    except Exception as exc:
+        message = f"the command runner failed: {one_line(exc, MAX_TEXT - 40)}"
+        return Outcome(error_kind=protocol.EXCEPTION, message=message)
 
 
 def _soft_timeout_window(handler: Handler) -> Handler:

@@ -30,6 +30,7 @@ import ctypes
 import os
 import shutil
 import signal
+import sys
 import threading
 
 from workers import limits
@@ -121,13 +122,29 @@ def signal_all(pids: list[int], sig: int) -> int:
     return sent
 
 
+def kept_helpers() -> frozenset[int]:
+    """The processes of this one that a job's end spares: multiprocessing's resource tracker,
+    once a job started it (it is started once per process and serves every later job; killed,
+    it warns and leaks what it tracks). Looked up without importing multiprocessing."""
+    module = sys.modules.get("multiprocessing.resource_tracker")
+    pid = getattr(getattr(module, "_resource_tracker", None), "_pid", None)
+    return frozenset({pid}) if isinstance(pid, int) else frozenset()
+
+
+def job_processes() -> list[int]:
+    """This process's descendants but ``kept_helpers``: what a job's end or stop kills."""
+    keep = kept_helpers()
+    return [pid for pid in descendants() if pid not in keep]
+
+
 def end_all(root: int | None = None, rounds: int = 8) -> int:
-    """SIGKILL every descendant of ``root`` (default: this process) until a walk finds none,
-    and, for this process's own tree, reap them. Returns how many were killed. Bounded: a
-    fork bomb faster than the walk is left to RLIMIT_NPROC and the worker's own end."""
+    """SIGKILL every descendant of ``root`` (default: this process, sparing
+    ``kept_helpers``) until a walk finds none, and, for this process's own tree, reap them.
+    Returns how many were killed. Bounded: a fork bomb faster than the walk is left to
+    RLIMIT_NPROC and the worker's own end."""
     killed = 0
     for _ in range(rounds):
-        found = descendants(root)
+        found = job_processes() if root is None else descendants(root)
         if not found:
             break
         # stop them first, so none forks between the walk and its kill

@@ -30,6 +30,7 @@ import os
 import random
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +60,7 @@ from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
 from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
 from supervisor.store import Store
 from supervisor.store.wake import CONTROLS_WAKE
-from workers import exitcodes, protocol, tree
+from workers import exitcodes, protocol, scratch, tree
 
 log = logging.getLogger("fleetd.supervisor")
 
@@ -114,6 +115,7 @@ class Fleet:
         self.drain = Drain(config.grace_period)
         self.memcg = MemoryCgroups(enabled=config.memory_cgroup, pid=self.pid)
         self.loop: Loop | None = None
+        self.scratch_root: str | None = None  # made at boot (make_scratch_root)
         self.waker: Any = None
         self.next_waker_at = 0.0
         self.next_publish = 0.0
@@ -184,6 +186,7 @@ class Fleet:
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
         # a daemon whose worker was killed comes to us, not init: end_strays kills it
         tree.become_subreaper()
+        self.make_scratch_root()
         self.memcg.start()
         if self.metrics is not None:
             self.metrics.attach(self.loop)
@@ -202,6 +205,20 @@ class Fleet:
             len(self.pools),
             self.store.dialect,
         )
+
+    def make_scratch_root(self) -> None:
+        """The directory of the workers' job folders (workers.scratch); those of supervisors
+        that are gone are removed. Without it, jobs use the temp directory itself."""
+        try:
+            root, removed = scratch.make_root(tempfile.gettempdir(), self.pid)
+        except OSError as exc:
+            log.warning("no directory for job folders (%s): a killed job's folder stays", exc)
+            return
+        for path in removed:
+            log.info("removed %s, left by a supervisor that is gone", path)
+        self.scratch_root = root
+        for pool in self.pools.values():
+            pool.scratch_root = root
 
     def handle_signals(self, now: float) -> None:
         assert self.loop is not None
@@ -442,6 +459,11 @@ class Fleet:
             self.counters.worker_boot_failures += 1
         self.dispatcher.on_exit(worker, status, now)
         self.pinger.forget(worker.pid)
+        if self.scratch_root is not None:
+            # its job folders, even one of a job it was killed in (local disk: quick)
+            scratch.remove(
+                scratch.worker_dir(self.scratch_root, pool.name, worker.slot, worker.pid)
+            )
         pool.worker_gone(worker, booted, now)
         self.set_title()
 
@@ -580,6 +602,8 @@ class Fleet:
         if self.loop is not None:
             self.loop.close()
         self.memcg.close()
+        if self.scratch_root is not None:
+            scratch.remove(self.scratch_root)
         log.info("fleetd supervisor %s stopped: %s", self.node_id, self.summary())
 
     def summary(self) -> str:

@@ -51,6 +51,8 @@ class Pool:
     # scaler on one ready worker: the pages every worker shares, and those it has alone
     shared_baseline: int | None = None
     private_at_rest: int | None = None
+    # the supervisor's directory for its workers' job folders (workers.scratch); None: none
+    scratch_root: str | None = None
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -148,6 +150,8 @@ class Pool:
             group=c.group,
             hard_deadline=c.timeout + (c.soft_timeout or 0.0) + HARD_DEADLINE_GRACE,
             private_shm=c.private_shm,
+            scratch_root=self.scratch_root,
+            end_job_tree=c.ends_job_tree,
         )
 
     def take_replacement(self) -> bool:

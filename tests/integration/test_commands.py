@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from supervisor.model import ErrorKind, JobState
 from tests.integration.fleet import Harness, alive
@@ -25,11 +26,14 @@ REPORT = (
     "open('scratch', 'w').write('x')\n"
     "print(json.dumps({'argv': sys.argv[1:], 'doc': payload['doc'], 'cwd': os.getcwd(),\n"
     "    'home': os.environ['HOME'], 'tmp': os.environ['TMPDIR'],\n"
-    "    'job': os.environ['FLEETD_JOB_ID']}))\n"
+    "    'job': os.environ['FLEETD_JOB_ID'], 'secret': os.environ.get('FLEETD_TEST_SECRET'),\n"
+    "    'own': os.environ.get('REPORT_MODE')}))\n"
 )
 # gradual: 8 MiB touched every 10 ms, the way a decoder's buffers grow
 GROW = (
-    "import time\n"
+    "import json, os, sys, time\n"
+    "open(json.load(sys.stdin)['mark'], 'w').write(os.getcwd())\n"
+    "open('partial.out', 'wb').write(b'x' * 4096)\n"
     "held = []\n"
     "for _ in range(256):\n"
     "    held.append(b'x' * (8 << 20))\n"
@@ -40,7 +44,10 @@ FAILS = "echo 'reading input' >&2; echo 'bad header on line 3' >&2; pwd >&2; exi
 
 def pools(memory_cgroup: bool = True) -> dict:
     commands = {
-        "report": {"command": [PY, "-c", REPORT, "--doc={doc}", "{page}"]},
+        "report": {
+            "command": [PY, "-c", REPORT, "--doc={doc}", "{page}"],
+            "env": {"REPORT_MODE": "full"},
+        },
         "text": {"command": ["sh", "-c", "echo plain words; echo 'to stderr' >&2"]},
         "fails": {
             "command": [
@@ -75,7 +82,11 @@ def pools(memory_cgroup: bool = True) -> dict:
             "pipeline": 1,
         },
         "grow": {
-            "handlers": {"grow": {"command": [PY, "-c", GROW]}},
+            "handlers": {
+                "grow": {"command": [PY, "-c", GROW]},
+                # fails at once on RLIMIT_DATA: MemoryError, before the watchdog sees it
+                "instant": {"command": [PY, "-c", "b = bytearray(2 << 30)"]},
+            },
             "min_workers": 1,
             "max_workers": 1,
             "bound": "io",
@@ -86,7 +97,9 @@ def pools(memory_cgroup: bool = True) -> dict:
     }
 
 
-def test_command_outcomes(fleet: Harness) -> None:
+def test_command_outcomes(fleet: Harness, monkeypatch, tmp_path) -> None:
+    # the supervisor's environment (a database password, say) never reaches a program
+    monkeypatch.setenv("FLEETD_TEST_SECRET", "hunter2")
     fleet.configure(pools())
     sup = fleet.start()
     sup.wait_workers(fleet.store, "cmd", 4)
@@ -99,7 +112,8 @@ def test_command_outcomes(fleet: Harness) -> None:
         "segv": fleet.enqueue("segv"),
         "silent": fleet.enqueue("silent"),
         "hang": fleet.enqueue("hang"),
-        "grow": fleet.enqueue("grow"),
+        "grow": fleet.enqueue("grow", {"mark": str(tmp_path / "grow-cwd")}),
+        "instant": fleet.enqueue("instant"),
     }
     jobs = dict(
         zip(ids, fleet.wait_final(list(ids.values()), timeout=40, watch=[sup]), strict=True)
@@ -111,6 +125,8 @@ def test_command_outcomes(fleet: Harness) -> None:
     assert report.result["exit_code"] == 0
     assert out["argv"] == ["--doc=a b.pdf", "7"] and out["doc"] == "a b.pdf"
     assert out["cwd"] == out["home"] == out["tmp"] and out["job"] == str(report.id)
+    assert out["secret"] is None, "the supervisor's environment reached the program"
+    assert out["own"] == "full", "the handler's env table did not reach the program"
     assert os.path.basename(out["cwd"]).startswith("fleetd-job-")
     assert not os.path.exists(out["cwd"]), "the job's folder outlived it"
 
@@ -145,12 +161,15 @@ def test_command_outcomes(fleet: Harness) -> None:
 
     silent = jobs["silent"]
     assert silent.error_kind == ErrorKind.TIMEOUT and "stall_timeout" in silent.last_error
-    assert silent.duration is not None and silent.duration < 1.4  # not the 1.5 s timeout
+    # the promise: stopped within stall_timeout (0.5 s) + 1 s; the message says which stop
+    assert silent.duration is not None and silent.duration <= 0.5 + 1.0
 
     hang = jobs["hang"]
     assert hang.error_kind == ErrorKind.TIMEOUT and "past its timeout" in hang.last_error
     assert hang.attempts == 2
-    assert hang.duration is not None and 1.5 <= hang.duration <= 2.5  # timeout + 1 s
+    # the promise: stopped within timeout + 1 s; not much before it (the deadline is counted
+    # from when the supervisor sends the job, a little before the handler starts)
+    assert hang.duration is not None and 1.5 - 0.25 <= hang.duration <= 1.5 + 1.0
     assert hang.finished_at - hang.started_at <= 2.5
     sleeps = [p for p in sup.alive_descendants() if _name(p) == "sleep"]
     assert not sleeps, f"sleep processes left: {sleeps}"
@@ -159,6 +178,17 @@ def test_command_outcomes(fleet: Harness) -> None:
     grow = jobs["grow"]
     assert grow.error_kind == ErrorKind.MEMORY_LIMIT, grow
     assert "memory_limit 128MiB" in grow.last_error
+    instant = jobs["instant"]
+    assert instant.error_kind == ErrorKind.MEMORY_LIMIT, instant
+    # its worker was killed mid-job: the supervisor removed the worker's directory of folders
+    folder = (tmp_path / "grow-cwd").read_text()
+    worker_dir = os.path.dirname(folder)
+    assert os.path.basename(os.path.dirname(worker_dir)) == f"fleetd-{sup.pid}", folder
+    assert os.path.basename(worker_dir).startswith("grow-1-"), folder
+    deadline = time.monotonic() + 2
+    while os.path.exists(worker_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(worker_dir), "a killed worker's job folder outlived it"
 
 
 def _name(proc) -> str:

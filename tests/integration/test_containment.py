@@ -103,3 +103,34 @@ def test_what_a_job_leaves_in_dev_shm_does_not_outlive_it(fleet: Harness) -> Non
     assert a.result["pid"] == b.result["pid"]  # one worker ran both
     assert a.result["files"] == b.result["files"] == []  # its own, emptied after each job
     assert not os.path.exists(f"/dev/shm/{name}")  # never in the host's /dev/shm
+
+
+def test_python_helpers_kept_across_jobs_live_unless_end_job_tree(fleet: Harness) -> None:
+    def pool(end_job_tree: bool | None) -> dict:
+        keys = {} if end_job_tree is None else {"end_job_tree": end_job_tree}
+        return {"min_workers": 1, "max_workers": 1, "pipeline": 1, "max_deliveries": 1, **keys}
+
+    fleet.configure(
+        {
+            "kept": {"handlers": {"kept": TREE + "keep_helper"}, **pool(None)},
+            "ended": {
+                "handlers": {"ended": TREE + "keep_helper", "tracker": TREE + "resource_tracker"},
+                **pool(True),
+            },
+        },
+        memory_cgroup=False,
+    )
+    sup = fleet.start()
+    kinds = ("kept", "ended", "tracker", "kept", "ended", "tracker")
+    ids = [fleet.enqueue(kind) for kind in kinds]
+    kept1, ended1, tracker1, kept2, ended2, tracker2 = fleet.wait_final(
+        ids, timeout=30, watch=[sup]
+    )
+    # Python handlers only: the default keeps what a handler keeps on purpose
+    assert kept1.result == {"pid": kept1.result["pid"], "restarted": False}, kept1
+    assert kept2.result == {"pid": kept1.result["pid"], "restarted": False}, kept2
+    # end_job_tree = true: killed after every job, so started again
+    assert ended1.result["restarted"] is False and ended2.result["restarted"] is True, ended2
+    # ... but multiprocessing's resource tracker is spared: one for every job of the worker
+    assert tracker1.state == tracker2.state == JobState.DONE, (tracker1, tracker2)
+    assert tracker1.result == tracker2.result and not gone(tracker1.result)

@@ -133,3 +133,25 @@ def shm_fill(payload: dict[str, Any]) -> int:
         for _ in range(int(payload.get("mib", 450))):
             f.write(block)
     return int(payload.get("mib", 450))
+
+
+_HELPER: subprocess.Popen[bytes] | None = None
+
+
+def keep_helper(payload: dict[str, Any]) -> dict[str, Any]:
+    """A helper process kept across jobs (as a reused process pool is): started by the first
+    job of the worker, reused by the next. Its pid, and whether it had to be started again
+    because the one from an earlier job is gone."""
+    global _HELPER
+    restarted = _HELPER is not None and _HELPER.poll() is not None
+    if _HELPER is None or restarted:
+        _HELPER = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    return {"pid": _HELPER.pid, "restarted": restarted}
+
+
+def resource_tracker(payload: dict[str, Any]) -> int:
+    """Start multiprocessing's resource tracker (once per worker) and return its pid."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    return resource_tracker._resource_tracker._pid

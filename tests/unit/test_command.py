@@ -4,20 +4,24 @@ of a bad handler table."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from supervisor.config import load_config
 from supervisor.errors import ConfigError
-from workers import protocol
+from workers import protocol, scratch, tree
 from workers.command import (
     RESULT_TEXT,
+    CommandHandler,
     CommandSpec,
     Ending,
     MissingField,
+    build_environment,
     classify,
     result_of,
     stderr_tail,
@@ -34,7 +38,14 @@ SUBSTITUTIONS = [
     (("p", "{x}"), {"x": 1.5}, ["p", "1.5"]),
     (("p", "{'a': 1}", "{}", "{ x }"), {}, ["p", "{'a': 1}", "{}", "{ x }"]),  # not names
     (("p", "$HOME", "*", "; rm -rf /"), {}, ["p", "$HOME", "*", "; rm -rf /"]),  # no shell
-    (("p", "{a}{b}"), {"a": "-", "b": "x"}, ["p", "-x"]),
+    (("p", "--", "{a}{b}"), {"a": "-", "b": "x"}, ["p", "--", "-x"]),  # after --: an operand
+    (("p", "--doc={d}", "-o{d}"), {"d": "-x"}, ["p", "--doc=-x", "-o-x"]),  # options by config
+    (("p", "{n}"), {"n": 3}, ["p", "3"]),
+    (("p", "x{a}"), {"a": "-v"}, ["p", "x-v"]),
+    (("awk", "{{print}}"), {}, ["awk", "{print}"]),  # literal braces
+    (("awk", "{{print {f}}}"), {"f": "$1"}, ["awk", "{print $1}"]),
+    (("p", "{{{a}}}", "}}{{"), {"a": "v"}, ["p", "{v}", "}{"]),
+    (("p", "{{a}"), {"a": "v"}, ["p", "{a}"]),  # {{ first: then a literal "a}"
 ]
 
 
@@ -51,6 +62,9 @@ MISSING = [
     ({"path": {"a": 1}}, "is a dict"),
     ({"path": "a\0b"}, "NUL"),
     (["path"], "not a JSON object"),
+    ({"path": "-opw=x"}, "starts with '-' and would be read as an option"),
+    ({"path": -1}, "'path' makes the argument '-1'"),
+    ({"path": "-"}, 'put "--" before it'),
 ]
 
 
@@ -58,6 +72,16 @@ MISSING = [
 def test_substitute_refuses(payload: object, fragment: str) -> None:
     with pytest.raises(MissingField, match=fragment.replace("(", r"\(")):
         substitute(("p", "{path}"), payload)
+
+
+def test_option_injection_is_permanent_and_runs_nothing() -> None:
+    outcome = CommandHandler(CommandSpec(("cat", "{path}"))).run({"path": "-opw=x"})
+    assert outcome.error_kind == protocol.PERMANENT and "not run" in outcome.message
+
+
+def test_a_missing_field_hints_at_literal_braces() -> None:
+    with pytest.raises(MissingField, match=r"write \{\{print\}\} for a literal \{print\}"):
+        substitute(("awk", "{print}"), {})
 
 
 def test_placeholders_in_order_once_each() -> None:
@@ -123,6 +147,37 @@ CLASSIFY = [
 ]
 
 
+MEMORY = protocol.MEMORY_LIMIT
+OUT_OF_MEMORY = [
+    # (ending, stderr, error_kind, fragments)
+    (Ending(exited(1)), b"Traceback ...\nMemoryError\n", MEMORY, ["code 1 after an allocation"]),
+    (Ending(exited(1)), b"convert: Cannot allocate memory\n", MEMORY, ["'Cannot allocate"]),
+    (Ending(exited(2)), b"x: cannot allocate memory\n", MEMORY, ["code 2"]),  # over permanent
+    (
+        Ending(signal.SIGABRT),
+        b"terminate called after throwing an instance of 'std::bad_alloc'\n",
+        MEMORY,
+        ["killed by SIGABRT after an allocation failed"],
+    ),
+    (Ending(signal.SIGSEGV), b"fatal: Out of memory, malloc failed\n", MEMORY, ["SIGSEGV"]),
+    (Ending(exited(0)), b"warning: out of memory cache disabled\n", None, []),  # done is done
+    (Ending(signal.SIGKILL), b"out of memory\n", protocol.CRASHED, ["SIGKILL"]),
+    (Ending(signal.SIGKILL, "timeout", 2.0), b"MemoryError\n", protocol.TIMEOUT, ["timeout"]),
+    (Ending(exited(1)), b"bad header\n", protocol.EXCEPTION, ["code 1"]),
+    (Ending(signal.SIGABRT), b"assertion failed\n", protocol.CRASHED, ["SIGABRT"]),
+]
+
+
+@pytest.mark.parametrize(("ending", "stderr", "kind", "fragments"), OUT_OF_MEMORY)
+def test_classify_out_of_memory(
+    ending: Ending, stderr: bytes, kind: str | None, fragments: list[str]
+) -> None:
+    outcome = classify(SPEC, ending, b"", True, stderr)
+    assert outcome.error_kind == kind, outcome.message
+    for fragment in fragments:
+        assert fragment in outcome.message
+
+
 @pytest.mark.parametrize(("ending", "kind", "fragments"), CLASSIFY)
 def test_classify(ending: Ending, kind: str | None, fragments: list[str]) -> None:
     outcome = classify(SPEC, ending, b'{"ok": true}', True, b"warming up\nboom\n")
@@ -168,6 +223,13 @@ CONFIG_ERRORS = [
         "not a list",
     ),
     ('stall_timeout = "1s"', "pools.media.handlers.pdf_text", "without command"),
+    ('command = ["x"], env = { A = 1 }', "pools.media.handlers.pdf_text.env.A", "not a string"),
+    ('command = ["x"], env = "A=1"', "pools.media.handlers.pdf_text.env", "not a table"),
+    (
+        'command = ["x"], env = { "A B" = "1" }',
+        'pools.media.handlers.pdf_text.env."A B"',
+        "not a variable name",
+    ),
 ]
 
 
@@ -184,6 +246,129 @@ def test_config_errors(tmp_path: Path, table: str, key: str, fragment: str) -> N
 def test_config_reads_a_command(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     table = 'command = ["sh", "-c", "cat", "{x}"], stall_timeout = "250ms", permanent_codes = [3]'
-    path.write_text(POOL % table)
+    path.write_text(POOL % (table + ', env = { LANG = "C", B = "2" }'))
     spec = load_config(path, environ={}).pools["media"].handlers["pdf_text"]
-    assert spec == CommandSpec(("sh", "-c", "cat", "{x}"), 0.25, frozenset({3}))
+    env = (("B", "2"), ("LANG", "C"))
+    assert spec == CommandSpec(("sh", "-c", "cat", "{x}"), 0.25, frozenset({3}), env)
+
+
+BASE_ENV = {
+    "PATH": "/usr/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C",
+    "TZ": "UTC",
+    "HOME": "/root",
+    "DATABASE_URL": "postgresql://u:secret@db/x",
+    "PGPASSWORD": "secret",
+    "FLEETD_JOB_ID": "old",
+}
+
+FOLDER = {"HOME": "/j", "TMPDIR": "/j", "TMP": "/j", "TEMP": "/j"}
+KEPT = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC", "FLEETD_JOB_ID": "old"}
+
+ENVIRONMENTS = [
+    (BASE_ENV, {}, (), {**KEPT, **FOLDER}),
+    (BASE_ENV, {"FLEETD_JOB_ID": "7"}, (), {**KEPT, **FOLDER, "FLEETD_JOB_ID": "7"}),
+    (
+        BASE_ENV,
+        {},
+        (("MAGICK_LIMIT", "1"), ("PATH", "/opt/bin")),
+        {**KEPT, **FOLDER, "MAGICK_LIMIT": "1", "PATH": "/opt/bin"},
+    ),
+    (BASE_ENV, {}, (("HOME", "/elsewhere"),), {**KEPT, **FOLDER, "HOME": "/elsewhere"}),
+    ({"LC_TIME": "C", "LCX": "no", "PATHX": "no"}, {}, (), {"LC_TIME": "C", **FOLDER}),
+]
+
+
+@pytest.mark.parametrize(("base", "job", "extra", "expected"), ENVIRONMENTS)
+def test_build_environment(base: dict, job: dict, extra: tuple, expected: dict) -> None:
+    assert build_environment(base, "/j", job, extra) == expected
+
+
+# ---- a runner that fails does not raise ----
+
+
+def test_run_without_a_writable_temp_dir_fails_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/fleetd-tmp")
+    outcome = CommandHandler(CommandSpec(("true",))).run({})
+    assert outcome.error_kind == protocol.EXCEPTION
+    assert "cannot create the job's folder in /nonexistent/fleetd-tmp" in outcome.message
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_run_when_pidfd_open_fails_fails_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(pid: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    def the_sleep() -> list[int]:  # only the program: no other child of the test process
+        return [p for p in tree.descendants() if _cmdline(p) == b"sleep\x0030\x00"]
+
+    monkeypatch.setattr(os, "pidfd_open", refuse)
+    monkeypatch.setattr(tree, "job_processes", the_sleep)
+    outcome = CommandHandler(CommandSpec(("sleep", "30"))).run({})
+    assert outcome.error_kind == protocol.EXCEPTION
+    assert "running 'sleep' failed in the worker: OSError: Too many open files" in outcome.message
+    assert outcome.duration < 5  # the program was killed, not waited for
+
+
+# ---- where job folders live (workers.scratch) ----
+
+STALE = [
+    (["fleetd-10", "fleetd-11", "fleetd-12"], {11}, 12, ["fleetd-10"]),
+    (["fleetd-job-abc", "fleetd-", "fleetd-1x", "other-10", "fleetd-10"], set(), 1, ["fleetd-10"]),
+    ([], set(), 1, []),
+]
+
+
+@pytest.mark.parametrize(("names", "alive", "own", "expected"), STALE)
+def test_stale_supervisor_dirs(names: list[str], alive: set, own: int, expected: list) -> None:
+    assert scratch.stale(names, alive.__contains__, own) == expected
+
+
+def test_worker_dir_names_pool_slot_and_pid() -> None:
+    assert scratch.worker_dir("/t/fleetd-9", "media", 2, 77) == "/t/fleetd-9/media-2-77"
+    assert scratch.worker_dir("/t/fleetd-9", "a/b", 1, 5) == "/t/fleetd-9/a_b-1-5"
+
+
+def test_make_root_removes_the_dirs_of_gone_supervisors(tmp_path: Path) -> None:
+    gone = os.fork()
+    if gone == 0:
+        os._exit(0)
+    os.waitpid(gone, 0)
+    (tmp_path / f"fleetd-{gone}" / "pool-1-5" / "fleetd-job-x").mkdir(parents=True)
+    (tmp_path / f"fleetd-{os.getppid()}").mkdir()  # a running supervisor's: kept
+    root, removed = scratch.make_root(str(tmp_path), os.getpid())
+    assert root == str(tmp_path / f"fleetd-{os.getpid()}") and os.path.isdir(root)
+    assert removed == [str(tmp_path / f"fleetd-{gone}")]
+    assert not (tmp_path / f"fleetd-{gone}").exists()
+    assert (tmp_path / f"fleetd-{os.getppid()}").exists()
+
+
+# ---- end_job_tree: its default follows the pool's kinds ----
+
+END_JOB_TREE = [
+    ('handlers = { a = "m:f" }', False),
+    ('handlers = { a = "m:f", b = { command = ["x"] } }', True),
+    ('handlers = { b = { command = ["x"] } }\nend_job_tree = false', False),
+    ('handlers = { a = "m:f" }\nend_job_tree = true', True),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), END_JOB_TREE)
+def test_end_job_tree_default(tmp_path: Path, body: str, expected: bool) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(f"[pools.media]\n{body}\n")
+    assert load_config(path, environ={}).pools["media"].ends_job_tree is expected
+
+
+def test_end_job_tree_must_be_a_boolean(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text('[pools.media]\nhandlers = { a = "m:f" }\nend_job_tree = "yes"\n')
+    with pytest.raises(ConfigError, match=r"pools.media.end_job_tree: 'yes' is not a boolean"):
+        load_config(path, environ={})

@@ -486,7 +486,7 @@ def test_unknown_pool_keys(tmp_path: Path, line: str, key: str, suggestion: str 
     message = error(tmp_path, BULK + line + "\n")
     assert message.startswith(f"{key}: unknown key (")
     assert "known: handlers, min_workers, max_workers, " in message
-    assert "nproc_limit, private_shm)" in message
+    assert "nproc_limit, private_shm, end_job_tree)" in message
     if suggestion:
         assert f"did you mean {suggestion!r}?" in message
     else:
