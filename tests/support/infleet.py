@@ -80,6 +80,8 @@ def wait_exited(pid: int, timeout: float = 10.0) -> None:
 
 
 def stop_all(fleet: Fleet) -> None:
+    """Kill and reap every worker, and remove the memory cgroups a booted fleet made (they
+    are shared by every fleet of this test process: one left behind fails a later test)."""
     for pool in fleet.pools.values():
         for worker in list(pool.workers.values()):
             try:
@@ -87,3 +89,4 @@ def stop_all(fleet: Fleet) -> None:
                 os.waitpid(worker.pid, 0)
             except (OSError, ChildProcessError):
                 pass
+    fleet.memcg.close()
