@@ -214,14 +214,7 @@ class MemoryCgroups:
         limit = cgroup_limit(memory_limit, self.margin)
         path = self.base / f"{worker.pool}-{worker.slot}-{worker.pid}"
         try:
-            path.mkdir(exist_ok=True)
-            if self.mechanism.mechanism == "v2":
-                _write(path / "memory.max", limit)
-                _write(path / "memory.swap.max", 0, optional=True)
-                _write(path / "memory.oom.group", 1, optional=True)
-            else:
-                _write(path / "memory.limit_in_bytes", limit)
-                _write(path / "memory.memsw.limit_in_bytes", limit, optional=True)
+            self._make_limited(path, limit)
             _write(path / "cgroup.procs", worker.pid)
         except OSError as exc:
             gone = exc.errno == errno.ESRCH  # the worker died already: nothing to warn about
@@ -235,6 +228,17 @@ class MemoryCgroups:
             return
         self.cgroups[worker.pid] = WorkerCgroup(path, limit, memory_limit)
 
+    def _make_limited(self, path: Path, limit: int) -> None:
+        """Create the worker cgroup ``path`` with ``limit`` (and no swap, where it can)."""
+        path.mkdir(exist_ok=True)
+        if self.mechanism.mechanism == "v2":
+            _write(path / "memory.max", limit)
+            _write(path / "memory.swap.max", 0, optional=True)
+            _write(path / "memory.oom.group", 1, optional=True)
+        else:
+            _write(path / "memory.limit_in_bytes", limit)
+            _write(path / "memory.memsw.limit_in_bytes", limit, optional=True)
+
     def prepare(self, pool: str, slot: int, memory_limit: int | None) -> Prepared | None:
         """Before a fork: a worker cgroup with its limit, and an open fd on its
         ``cgroup.procs`` that the child inherits and writes ``0`` to (joining it itself, in
@@ -247,14 +251,7 @@ class MemoryCgroups:
         limit = cgroup_limit(memory_limit, self.margin)
         path = self.base / f"{pool}-{slot}-new{self.prepared}"
         try:
-            path.mkdir(exist_ok=True)
-            if self.mechanism.mechanism == "v2":
-                _write(path / "memory.max", limit)
-                _write(path / "memory.swap.max", 0, optional=True)
-                _write(path / "memory.oom.group", 1, optional=True)
-            else:
-                _write(path / "memory.limit_in_bytes", limit)
-                _write(path / "memory.memsw.limit_in_bytes", limit, optional=True)
+            self._make_limited(path, limit)
             fd = os.open(path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
         except OSError as exc:
             self._warn(
