@@ -57,6 +57,7 @@ from supervisor.run.watchdog import PERIOD
 from supervisor.run.workerproc import WorkerHandle, WorkerState
 from supervisor.units import format_size
 from workers import limits
+from workers.scratch import pid_alive
 
 log = logging.getLogger("fleetd.memcg")
 
@@ -168,7 +169,7 @@ class MemoryCgroups:
             match = _OURS.fullmatch(entry.name)
             assert match is not None
             pid = int(match[1])
-            if pid == self.pid or _alive(pid):
+            if pid == self.pid or pid_alive(pid):
                 continue
             for child in _subdirs(entry):
                 if _remove(child):
@@ -451,14 +452,4 @@ def _remove(path: Path) -> bool:
         return True
     except OSError:
         return False
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
