@@ -118,13 +118,31 @@ def pause_line(pool: str, kind: str | None, took: bool, config_path: str) -> str
     )
 
 
-def resume_lines(pool: str, kind: str | None, lifted: Sequence[Pause]) -> list[str]:
+def resume_lines(
+    pool: str, kind: str | None, lifted: Sequence[Pause], still: Sequence[Pause] = ()
+) -> list[str]:
+    """What ``fleetd resume`` did; ``still`` is every pause of ``pool`` left in force after it,
+    so a kind resumed (or never paused) under a pause of the whole pool is not called running.
+    """
+    whole = next((p for p in still if p.pool == pool and p.kind is None), None)
     if not lifted:
+        if kind is not None and whole is not None:
+            return [
+                f"{what(pool, kind)} has no pause of its own; pool {pool} is paused as a "
+                "whole, so it still does not start (fleetd resume POOL lifts that)"
+            ]
         return [f"{what(pool, kind)} was not paused; nothing changed"]
-    return [
+    lines = [
         f"resumed {what(p.pool, p.kind)} (paused since {iso(p.since)}): its jobs start again"
         for p in lifted
     ]
+    if whole is not None and kind is not None:
+        lines = [
+            f"resumed {what(p.pool, p.kind)} (paused since {iso(p.since)}), but pool {pool} "
+            "is still paused as a whole: its jobs start once the pool is resumed"
+            for p in lifted
+        ]
+    return lines
 
 
 def dlq_lines(verb: str, ids: Sequence[int], where: JobFilter | None) -> list[str]:

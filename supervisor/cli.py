@@ -466,7 +466,8 @@ def resume(config_path: str, pool: str, kind: str | None) -> None:
     with _client(config_path) as client:
         _pool_and_kind(client, pool, kind)
         lifted = client.store.resume(pool, kind)
-    _echo(resume_lines(pool, kind, lifted))
+        still = [p for p in client.store.pauses() if p.pool == pool]
+    _echo(resume_lines(pool, kind, lifted, still))
 
 
 @main.command()

@@ -306,3 +306,16 @@ def test_cancel_pause_and_resume_say_what_they_did(config):
     assert status["pools"]["bulk"]["paused"] is True and status["pools"]["bulk"]["paused_since"]
     assert "resumed pool bulk" in run("resume", "-c", str(config), "bulk").output
     assert "was not paused" in run("resume", "-c", str(config), "bulk").output
+
+
+def test_resume_of_a_kind_under_a_paused_pool_says_the_pool_still_holds_it(config):
+    run("pause", "-c", str(config), "bulk")
+    out = run("resume", "-c", str(config), "bulk", "--kind", "render").output
+    assert "no pause of its own" in out and "paused as a whole" in out, out
+    run("pause", "-c", str(config), "bulk", "--kind", "render")
+    out = run("resume", "-c", str(config), "bulk", "--kind", "render").output
+    assert "resumed kind render of pool bulk" in out and "still paused as a whole" in out, out
+    assert "resumed pool bulk" in run("resume", "-c", str(config), "bulk").output
+    run("pause", "-c", str(config), "bulk", "--kind", "render")
+    out = run("resume", "-c", str(config), "bulk", "--kind", "render").output
+    assert "its jobs start again" in out and "whole" not in out, out
