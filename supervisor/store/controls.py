@@ -92,7 +92,10 @@ class ControlTable:
                 for chunk in chunks(wanted):
                     self._cancel_rows(conn, jobs.c.id.in_(chunk), cancelled, requested)
                 touched = {*cancelled, *requested}
-                unchanged = {i: JobState(s) for i, s in states.items() if i not in touched}
+                # read again: a job seen live above that the update did not take ended
+                # meanwhile (PostgreSQL re-checks the update's guard against the new row)
+                after = self._states(conn, [i for i in wanted if i not in touched])
+                unchanged = {i: JobState(s) for i, s in after.items()}
             else:
                 assert where is not None
                 live = _live_states(where)

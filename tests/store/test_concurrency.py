@@ -107,3 +107,48 @@ def test_four_processes_ack_every_job_exactly_once(db_url: str) -> None:
     assert len(rows) == JOBS
     assert {r.state for r in rows} == {JobState.DONE}
     assert {r.attempts for r in rows} == {1}
+
+
+@pytest.mark.postgres
+def test_a_cancel_racing_an_ack_reports_the_job_done_not_leased(tmp_path) -> None:
+    """PostgreSQL: the cancel reads the job leased, then its update waits on the row an ack is
+    finishing; once the ack commits the update takes nothing, and the report must say done."""
+    import threading
+
+    import psycopg
+
+    from supervisor.clock import FakeClock
+    from supervisor.model import JobState
+    from tests.support.databases import database_url
+    from tests.support.wait import eventually
+
+    with database_url("postgres", tmp_path) as url:
+        store = open_store(url, FakeClock())
+        try:
+            job_id = store.enqueue(NewJob("render", "bulk", "{}", 3))
+            assert store.claim(pool="bulk", kinds=["render"], n=1, node="n", lease=30.0)
+            with psycopg.connect(url) as acker:
+                acker.execute(
+                    "UPDATE fleetd_jobs SET state = 'done', finished_at = 0 WHERE id = %s",
+                    [job_id],
+                )  # the ack's transaction, not committed yet
+                outcome: list = []
+                canceller = threading.Thread(target=lambda: outcome.append(store.cancel([job_id])))
+                canceller.start()
+                with psycopg.connect(url, autocommit=True) as watch:
+                    eventually(
+                        lambda: (
+                            watch.execute(
+                                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                "'Lock' AND query LIKE 'UPDATE fleetd_jobs%%'"
+                            ).fetchone()[0]
+                            == 1
+                        ),
+                        timeout=10,
+                    )
+                acker.commit()
+                canceller.join(10)
+            (out,) = outcome
+            assert out.requested == {} and out.unchanged == {job_id: JobState.DONE}
+        finally:
+            store.close()
