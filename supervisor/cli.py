@@ -399,8 +399,7 @@ def cancel(
         raise click.UsageError("give job IDS or a filter (--kind, --tenant, --pool)")
     with _client(config_path, pool=pool) as client:
         if not ids and not yes:
-            live = list(where.states or (JobState.QUEUED, JobState.LEASED))
-            count, found = client.store.find_jobs(where, live, limit=actions.SHOWN)
+            count, found = client.store.find_cancellable(where, limit=actions.SHOWN)
             _echo(actions.cancel_preview(where, count, found))
             return
         out = client.store.cancel(list(ids) if ids else None, where=None if ids else where)

@@ -98,15 +98,10 @@ class ControlTable:
                 unchanged = {i: JobState(s) for i, s in after.items()}
             else:
                 assert where is not None
-                live = _live_states(where)
-                if live:
-                    # a leased job asked already is not chosen again (the loop would not end)
-                    fresh = (jobs.c.state == _QUEUED) | jobs.c.cancel_requested_at.is_(None)
+                cancellable = self.cancellable(where)
+                if cancellable is not None:
                     chosen = (
-                        select(jobs.c.id)
-                        .where(self.matching(where, live), fresh)
-                        .order_by(jobs.c.id)
-                        .limit(CANCEL_BATCH)
+                        select(jobs.c.id).where(cancellable).order_by(jobs.c.id).limit(CANCEL_BATCH)
                     )
                     while self._cancel_rows(
                         conn, jobs.c.id.in_(chosen.scalar_subquery()), cancelled, requested
@@ -115,6 +110,16 @@ class ControlTable:
         if requested:
             self._announce_controls()  # the supervisors holding them look at once
         return CancelOutcome(tuple(sorted(cancelled)), requested, unchanged)
+
+    def cancellable(self, where: JobFilter) -> ColumnElement[bool] | None:
+        """What a cancel by ``where`` would touch: its queued and leased jobs, less the leased
+        ones asked to stop already (the cancel's loop would choose them forever, and a dry run
+        would count them again). None when ``where``'s states leave no live job."""
+        live = _live_states(where)
+        if not live:
+            return None
+        fresh = (jobs.c.state == _QUEUED) | jobs.c.cancel_requested_at.is_(None)
+        return and_(self.matching(where, live), fresh)
 
     def _cancel_rows(
         self,
@@ -179,7 +184,14 @@ class ControlTable:
     ) -> tuple[int, list[Job]]:
         """How many jobs the filter matches over ``states``, and the first ``limit`` by id:
         what a bulk action would touch (its dry run)."""
-        cond = self.matching(where, states)
+        return self._found(self.matching(where, states), limit)
+
+    def find_cancellable(self, where: JobFilter, *, limit: int = 100) -> tuple[int, list[Job]]:
+        """``find_jobs`` for a cancel by ``where``: exactly what it would touch."""
+        cond = self.cancellable(where)
+        return (0, []) if cond is None else self._found(cond, limit)
+
+    def _found(self, cond: ColumnElement[bool], limit: int) -> tuple[int, list[Job]]:
         with self._auto() as conn:
             count = self._exec(conn, select(func.count()).where(cond)).scalar_one()
             rows = self._exec(conn, select(jobs).where(cond).order_by(jobs.c.id).limit(limit))

@@ -421,6 +421,11 @@ def test_cancel_by_filter_touches_only_what_matches(store):
     out = store.cancel(where=JobFilter(kind="render", tenant="acme"))
     assert out.requested == {leased.job_id: "node-a"} and out.cancelled == ()
     assert store.cancel(where=JobFilter(kind="render", tenant="acme")).took is False
+    # the dry run counts what a cancel would touch: not the job asked to stop already
+    assert store.find_cancellable(JobFilter(kind="render", tenant="acme")) == (0, [])
+    assert store.find_cancellable(JobFilter(tenant="other"))[0] == 1
+    done_only = JobFilter(tenant="acme", states=(JobState.DONE,))
+    assert store.find_cancellable(done_only) == (0, [])
     assert [store.get(i).state for i in other] == [JobState.QUEUED, JobState.QUEUED]
 
 
