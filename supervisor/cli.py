@@ -335,21 +335,8 @@ def dlq_purge(
 
     where = _dlq_where(ids, everything, kind, tenant, error_kind, since)
     with _client(_dlq_config(config_path), pool=pool) as client:
-        if ids:
-            chosen = sorted(set(ids))
-        else:  # the ids first, to say which; then the purge of exactly those
-            scope = JobFilter(**{**_fields(where), "pool": pool})
-            _, found = client.store.find_jobs(scope, [JobState.DEAD], limit=1_000_000)
-            chosen = [j.id for j in found]
-        if chosen:
-            client.store.dlq_purge(chosen)
-    _echo(dlq_lines("purged", chosen, where))
-
-
-def _fields(where: JobFilter | None) -> dict[str, Any]:
-    if where is None:
-        return {}
-    return {k: getattr(where, k) for k in ("kind", "tenant", "error_kind", "since")}
+        purged = client.store.dlq_purge(list(ids) or None, pool=pool, where=where)
+    _echo(dlq_lines("purged", purged, where))
 
 
 def _echo(lines: list[str]) -> None:

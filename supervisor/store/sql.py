@@ -710,14 +710,16 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         *,
         pool: str | None = None,
         where: JobFilter | None = None,
-    ) -> int:
+    ) -> list[int]:
         """Delete dead jobs (all of them, or of ``pool`` and matching ``where``, or exactly
-        ``ids``)."""
+        ``ids``); returns the ids deleted, in order."""
+        purged: list[int] = []
         with self._tx() as conn:
             target = self._dead_ids(conn, ids, pool, where)
             for chunk in chunks(target):
-                conn.execute(delete(jobs).where(jobs.c.id.in_(chunk), jobs.c.state == DEAD))
-        return len(target)
+                stmt = delete(jobs).where(jobs.c.id.in_(chunk), jobs.c.state == DEAD)
+                purged.extend(conn.execute(stmt.returning(jobs.c.id)).scalars())
+        return sorted(purged)
 
     def _dead_ids(
         self,

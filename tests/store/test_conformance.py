@@ -231,7 +231,7 @@ def test_dlq_list_requeue_and_purge(store):
     assert store.dlq_requeue([ids[0]]) == [ids[0]]
     row = store.get(ids[0])
     assert row.state is JobState.QUEUED and row.attempts == 0
-    assert store.dlq_purge([ids[1]]) == 1 and store.get(ids[1]) is None
+    assert store.dlq_purge([ids[1]]) == [ids[1]] and store.get(ids[1]) is None
     assert store.dlq_requeue() == [ids[2]]
     assert store.dlq_list() == []
 
@@ -465,5 +465,5 @@ def test_dlq_requeue_and_purge_by_filter(store, clock):
     assert store.find_jobs(recent, [JobState.DEAD])[0] == 2
     assert store.dlq_requeue(where=JobFilter(since=600, tenant="nobody")) == []
     assert store.dlq_requeue(where=recent) == mem
-    assert store.dlq_purge(where=JobFilter(error_kind=ErrorKind.PERMANENT)) == 1
+    assert len(store.dlq_purge(where=JobFilter(error_kind=ErrorKind.PERMANENT))) == 1
     assert store.get(old) is None and store.get(mem[0]).state is JobState.QUEUED
