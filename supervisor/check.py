@@ -9,6 +9,7 @@ import contextlib
 import os
 import select
 import shutil
+import time
 from typing import Any
 
 from supervisor import host
@@ -18,6 +19,7 @@ from supervisor.imports import import_handlers
 from supervisor.model import iso
 from supervisor.policy import KillKind, KillReason, PoolSizing, ceilings
 from supervisor.run import memcg, watchdog
+from supervisor.run.exits import describe_status
 from supervisor.run.pool import Pool
 from supervisor.run.workerproc import fork_worker
 from supervisor.schedules import describe
@@ -81,12 +83,16 @@ def measure_at_rest(config: FleetConfig, name: str, handlers: Any) -> dict[str, 
     and stop it. A worker that cannot start here (a ``user`` without root) is reported."""
     pool = Pool(config.pools[name], handlers, os.getpid())
     worker = fork_worker(pool.spec(), now=0.0, child_cleanup=lambda: None)
+    reaped = False  # a reaped pid may be reused at once: never signal it
     try:
-        ready, _, _ = select.select([worker.fd], [], [], 10.0)
+        ready, _, _ = select.select([worker.fd], [], [], READY_WITHIN)
         worker.sock.setblocking(True)
         msg = protocol.read_frame(worker.fd) if ready else None
         if not isinstance(msg, protocol.Ready):
-            return {"private": None, "shared": None, "error": "the worker did not start"}
+            status = _exit_status(worker.pid) if ready and msg is None else None
+            reaped = status is not None
+            error = not_ready_reason(bool(ready), msg, status)
+            return {"private": None, "shared": None, "error": error}
         split = tree.memory_split(worker.pid)
         if split is None:
             return {"private": None, "shared": None, "error": "no /proc/<pid>/smaps_rollup"}
@@ -95,10 +101,42 @@ def measure_at_rest(config: FleetConfig, name: str, handlers: Any) -> dict[str, 
     except OSError as exc:
         return {"private": None, "shared": None, "error": f"{exc}"}
     finally:
-        worker.kill(KillReason(KillKind.RETIRE, "measured"), 0.0)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(worker.pid, 0)
+        if not reaped:
+            worker.kill(KillReason(KillKind.RETIRE, "measured"), 0.0)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(worker.pid, 0)
         worker.sock.close()
+
+
+READY_WITHIN = 10.0  # seconds a measuring worker has to boot
+
+
+def not_ready_reason(ready: bool, msg: Any, status: int | None) -> str:
+    """Why a measuring worker sent no Ready: silent, the wrong frame, or how it ended.
+
+    >>> not_ready_reason(False, None, None)
+    'the worker did not start: no Ready within 10 s'
+    >>> not_ready_reason(True, None, 82 << 8)
+    'the worker did not start: exited with code 82 (SETUP_FAILED); its stderr says why'
+    """
+    if not ready:
+        return f"the worker did not start: no Ready within {READY_WITHIN:g} s"
+    if msg is not None:
+        return f"the worker did not start: it sent {type(msg).__name__} instead of Ready"
+    if status is None:
+        return "the worker did not start: it closed its socket and did not exit"
+    return f"the worker did not start: {describe_status(status)}; its stderr says why"
+
+
+def _exit_status(pid: int, within: float = 2.0) -> int | None:
+    """The worker's wait status once it has exited (it closed its socket), or None."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    return None
 
 
 def _sizing_plan(

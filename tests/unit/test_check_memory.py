@@ -62,3 +62,28 @@ def test_memory_cgroup_false_switches_the_cgroup_off(tmp_path: Path) -> None:
     assert "memory_cgroup = false" in plan["memory_cgroup"]["reason"]
     assert plan["pools"]["capped"]["memory"]["cgroup"] is None
     assert "no cgroup" in render_plan(plan)
+
+
+@pytest.mark.parametrize(
+    ("ready", "msg", "status", "says"),
+    [
+        (False, None, None, "no Ready within 10 s"),
+        (True, None, 82 << 8, "exited with code 82 (SETUP_FAILED); its stderr says why"),
+        (True, None, 9, "killed by SIGKILL"),
+        (True, None, None, "closed its socket and did not exit"),
+    ],
+)
+def test_a_measuring_worker_that_sends_no_ready_is_reported_with_the_reason(
+    ready, msg, status, says
+) -> None:
+    from supervisor.check import not_ready_reason
+
+    reason = not_ready_reason(ready, msg, status)
+    assert reason.startswith("the worker did not start: ") and says in reason
+
+
+def test_a_measuring_worker_that_sends_another_frame_is_named() -> None:
+    from supervisor.check import not_ready_reason
+    from workers import protocol
+
+    assert "it sent Pong instead of Ready" in not_ready_reason(True, protocol.Pong(1, None), None)
