@@ -197,8 +197,8 @@ class _Worker:
             limit = self.spec.memory_limit
             why = tree.private_shm(limit + self.spec.rlimit_headroom if limit else None)
             self.own_shm = why is None
-            if why is not None:
-                _say(self.spec, f"shares the host's /dev/shm: {why}")
+            if why is not None and scratch.first_time(self.spec.scratch_root, "shm"):
+                _say(self.spec, f"shares the host's /dev/shm: {why} (said once)")
         _reset_signals()
         os.set_blocking(self.fd, True)
         limits.set_pdeathsig(signal.SIGKILL)  # at once: covers the privilege drop below

@@ -44,6 +44,21 @@ def worker_dir(root: str, pool: str, slot: int, pid: int) -> str:
     return os.path.join(root, f"{name}-{slot}-{pid}")
 
 
+def first_time(root: str | None, what: str) -> bool:
+    """True for the first worker of this supervisor to ask about ``what`` (a marker file made
+    with O_EXCL in the supervisor's directory), so a note every worker would print is printed
+    once. Without the directory (it could not be made): always True."""
+    if root is None:
+        return True
+    try:
+        os.close(os.open(os.path.join(root, f".said-{what}"), os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def stale(names: Iterable[str], alive: Callable[[int], bool], own_pid: int) -> list[str]:
     """The entries of the temp directory that are a gone supervisor's ``fleetd-<pid>``
     (pure: ``alive`` says whether a pid is running)."""

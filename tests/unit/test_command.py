@@ -372,3 +372,13 @@ def test_end_job_tree_must_be_a_boolean(tmp_path: Path) -> None:
     path.write_text('[pools.media]\nhandlers = { a = "m:f" }\nend_job_tree = "yes"\n')
     with pytest.raises(ConfigError, match=r"pools.media.end_job_tree: 'yes' is not a boolean"):
         load_config(path, environ={})
+
+
+def test_a_note_every_worker_would_print_is_printed_by_the_first_only(tmp_path) -> None:
+    from workers import scratch
+
+    assert scratch.first_time(str(tmp_path), "shm") is True
+    assert scratch.first_time(str(tmp_path), "shm") is False
+    assert scratch.first_time(str(tmp_path), "other") is True
+    assert scratch.first_time(None, "shm") is True  # no directory: say it every time
+    assert scratch.first_time(str(tmp_path / "gone"), "shm") is True
