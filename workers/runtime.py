@@ -152,6 +152,12 @@ def main(
     the parent writes the id of the job its ``CANCEL_SIGNAL`` is about (``protocol.CancelSlot``).
     """
     code = exitcodes.INTERNAL_ERROR
+    # Every object inherited from the parent (its modules, the handlers, their data) goes to
+    # the permanent generation: the cyclic GC never walks them, so a collection in the worker
+    # does not write to their headers and copy their pages. Measured: a full collection in a
+    # fresh worker made 21 MiB of the supervisor's pages private without this, none with it.
+    # O(1) (list splices); cycles among inherited objects are never collected here (few).
+    gc.freeze()
     try:
         context.use_cancel_slot(cancel_slot)
         worker = _Worker(conn_fd, spec)
