@@ -76,9 +76,15 @@ def test_queued_and_running_jobs_cancelled_from_the_cli(fleet: Harness) -> None:
     said = cli(fleet, "cancel", "--no-wait", str(hang))
     assert f"job {hang}: cancel requested" in said
     job = eventually(lambda: (j := fleet.job(hang)).state is JobState.CANCELLED and j, timeout=5)
-    took = time.monotonic() - start
-    print(f"cancel of a running job: cancelled {took * 1000:.0f} ms after the CLI was called")
-    assert took < STOP_WITHIN, f"stopped after {took:.2f}s"
+    with_cli = time.monotonic() - start
+    # the promise runs from the cancel's commit to the job's end, both stamped by the
+    # database; the CLI's own start (an interpreter and its imports) is not the supervisor's
+    took = job.finished_at - job.cancel_requested_at
+    print(
+        f"cancel of a running job: ended {took * 1000:.0f} ms after the cancel was stored, "
+        f"{with_cli * 1000:.0f} ms after the CLI was called"
+    )
+    assert 0 <= took < STOP_WITHIN, f"stopped after {took:.2f}s"
     assert wait_gone([victim], timeout=2) < 2
     assert job.attempts == 1 and job.finished_at is not None  # its delivery counted
     assert "cancelled by an operator" in (job.last_error or "")
@@ -117,12 +123,12 @@ def test_with_two_supervisors_each_stops_the_job_it_runs(fleet: Harness) -> None
     jobs = fleet.wait_state(ids, JobState.LEASED)
     owners = {j.id: j.owner for j in jobs}
     assert set(owners.values()) == {"node-a", "node-b"}, owners
-    start = time.monotonic()
     said = cli(fleet, "cancel", "--no-wait", *map(str, ids))
     for job_id, owner in owners.items():
         assert f"job {job_id}: cancel requested: it is running on {owner}" in said
-    fleet.wait_state(ids, JobState.CANCELLED, timeout=5)
-    assert time.monotonic() - start < STOP_WITHIN + 0.5  # two jobs, two hosts
+    for job in fleet.wait_state(ids, JobState.CANCELLED, timeout=5):
+        took = job.finished_at - job.cancel_requested_at  # both stamped by the database
+        assert 0 <= took < STOP_WITHIN, (job.id, took)
     for sup in (a, b):
         mine = next(i for i, o in owners.items() if o == sup.node_id)
         assert f"stopped by {sup.node_id}" in (fleet.job(mine).last_error or "")
