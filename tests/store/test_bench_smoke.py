@@ -77,7 +77,8 @@ def test_bench_e2e_runs_on_both_engines_and_leaves_no_schema_behind() -> None:
             return {row[0] for row in conn.execute(query)}
 
     before = bench_schemas()
-    command = ["bench-e2e", "--jobs", "300", "--pickups", "1", "--postgres-url", base]
+    command = ["bench-e2e", "--jobs", "300", "--pickups", "1", "--long", "1"]
+    command += ["--postgres-url", base]
     out = run_stress(*command, timeout=120)
     rows = [line for line in out.splitlines() if " 300 " in line]
     assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1], out
