@@ -306,3 +306,18 @@ def test_cancel_pause_and_resume_say_what_they_did(config):
     assert status["pools"]["bulk"]["paused"] is True and status["pools"]["bulk"]["paused_since"]
     assert "resumed pool bulk" in run("resume", "-c", str(config), "bulk").output
     assert "was not paused" in run("resume", "-c", str(config), "bulk").output
+
+
+def test_enqueue_wait_refuses_a_bad_timeout_and_writes_nothing(config, db_url):
+    for args, says in (
+        (["--wait", "--timeout", "soon"], "--timeout"),
+        (["--wait", "--timeout", "0s"], "must be more than 0"),
+        (["--timeout", "5s"], "--timeout goes with --wait"),
+    ):
+        out = CliRunner().invoke(main, ["enqueue", "-c", str(config), "render", *args])
+        assert out.exit_code == 2 and says in out.output, out.output
+    store = open_store(db_url)
+    try:
+        assert store.list_jobs() == []
+    finally:
+        store.close()
