@@ -28,6 +28,7 @@ import contextlib
 import errno
 import fcntl
 import itertools
+import math
 import mmap
 import os
 import select
@@ -155,7 +156,8 @@ class FinalAnnouncer:
                 if exc.errno in (errno.EAGAIN, errno.ENOBUFS):
                     self._owed.add(target)  # its queue is full: it re-reads all anyway
                 else:  # ECONNREFUSED, ENOENT: its waiter is gone
-                    self._targets.remove(target)
+                    with contextlib.suppress(ValueError):  # another thread's store call
+                        self._targets.remove(target)
                     self._owed.discard(target)
                     if exc.errno == errno.ECONNREFUSED:
                         with contextlib.suppress(OSError):
@@ -194,12 +196,14 @@ class LocalFinalWatch:
                 raise
         finally:
             os.close(fd)
+        self._poll = select.poll()
+        self._poll.register(self.sock, select.POLLIN)
         self.full = _queue_length()
 
     def wait(self, timeout: float) -> frozenset[int] | None:
         """The ids announced within ``timeout`` s (empty: none), or EVERYTHING."""
-        ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
-        if not ready:
+        # poll, not select: an application may hold more than 1024 descriptors
+        if not self._poll.poll(math.ceil(max(0.0, timeout) * 1000)):
             return frozenset()
         ids: set[int] = set()
         seen = 0
