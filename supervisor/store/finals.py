@@ -6,9 +6,17 @@ safety net (a lost wake-up, a sender that crashed between its commit and its sen
 
 - PostgreSQL: ``NOTIFY fleetd_final`` in the transaction that makes jobs final (its ack
   statement, a fail that dead-letters, a cancel, a reap), once per batch, its payload the ids
-  (``final_payload``); a waiter ``LISTEN``s on a connection of its own for the length of its
-  wait (``PostgresFinalWatch``). Channels are per database, not per schema: a waiter may be
-  woken by another schema's ids, which costs it one read.
+  (``final_payload``), and only while somebody waits: a waiter ``LISTEN``s on a connection of
+  its own and then holds the advisory lock ``WAITERS_LOCK`` shared for the length of its wait
+  (``PostgresFinalWatch``); the ending transaction tries to take it exclusively
+  (``pg_try_advisory_xact_lock``, a lock-table entry, never a wait) and notifies only when
+  that fails. A NOTIFY is not free: its commit takes the server's notification lock and
+  signals every listening session of the database (each supervisor's). No final state slips
+  through: an ending transaction that took the lock holds it to its commit, so a waiter that
+  registers meanwhile waits for that commit and then reads the job final; one that registered
+  first makes the try fail, and hears the NOTIFY. A concurrent ending transaction elsewhere
+  also makes a try fail (one NOTIFY nobody needs). Channels and the lock are per database,
+  not per schema: another schema's waiters cost NOTIFYs, and its ids one read each.
 - SQLite: a waiter binds a datagram socket in ``<wake folder>/waiters/`` and then counts one up
   in ``<wake folder>/waiters.gen`` (``LocalFinalWatch``). A process that committed final
   states (``FinalAnnouncer``) reads that counter through a shared mapping, which is a memory
@@ -42,6 +50,9 @@ from typing import Any
 from supervisor.store.wake import wake_folder
 
 FINAL_CHANNEL = "fleetd_final"
+# advisory lock (one bigint key; fleetd's others: migration 0x0F1EE7D, claims 0x0F1EE7C with
+# two keys) that waiters hold shared while they wait
+WAITERS_LOCK = 0x0F1EE7E
 # a PostgreSQL payload holds at most 8000 bytes: past this many ids it says "*" (re-read all)
 PAYLOAD_IDS = 300
 # a SQLite datagram past this many ids says b"" (re-read all) instead
@@ -254,16 +265,18 @@ def local_supervisor_present(database_path: str) -> bool:
 
 
 class PostgresFinalWatch:
-    """A waiter's end on PostgreSQL: ``LISTEN fleetd_final`` on a connection of the store's
-    (kept between waits), ``UNLISTEN`` at the end: a connection that listens and is not read
-    would hold back the server's notification queue for every session."""
+    """A waiter's end on PostgreSQL: ``LISTEN fleetd_final`` and the waiters' lock held shared,
+    on a connection of the store's (kept between waits); both let go at the end: a connection
+    that listens and is not read would hold back the server's notification queue for every
+    session, and a lock held would have every ending transaction notify."""
 
     def __init__(self, conn: Any, give_back: Any) -> None:
         self.conn = conn
         self._give_back = give_back
         self.broken = False
         list(conn.notifies(timeout=0))  # stale ones from an earlier wait
-        conn.execute(f"LISTEN {FINAL_CHANNEL}")
+        # one round trip: listen first, so any try that fails once the lock is ours is heard
+        conn.execute(f"LISTEN {FINAL_CHANNEL}; SELECT pg_advisory_lock_shared({WAITERS_LOCK})")
 
     def wait(self, timeout: float) -> frozenset[int] | None:
         ids: set[int] = set()
@@ -286,7 +299,9 @@ class PostgresFinalWatch:
     def close(self) -> None:
         if not self.broken:
             try:
-                self.conn.execute(f"UNLISTEN {FINAL_CHANNEL}")
+                self.conn.execute(
+                    f"SELECT pg_advisory_unlock_shared({WAITERS_LOCK}); UNLISTEN {FINAL_CHANNEL}"
+                )
             except Exception:
                 self.broken = True
         if self.broken:

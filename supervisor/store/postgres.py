@@ -41,7 +41,13 @@ from sqlalchemy.sql.elements import ColumnElement
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.model import Ack, Lease, NewJob, ReapOutcome
-from supervisor.store.finals import FINAL_CHANNEL, PAYLOAD_IDS, PostgresFinalWatch, final_payload
+from supervisor.store.finals import (
+    FINAL_CHANNEL,
+    PAYLOAD_IDS,
+    WAITERS_LOCK,
+    PostgresFinalWatch,
+    final_payload,
+)
 from supervisor.store.rows import job_params
 from supervisor.store.schema import jobs
 from supervisor.store.sql import SqlStore
@@ -98,8 +104,11 @@ class PostgresStore(SqlStore):
     def _finals_in_tx(self, conn: Connection, ids: Sequence[int]) -> None:
         if ids:
             conn.execute(
-                text("SELECT pg_notify(:channel, :ids)"),
-                {"channel": FINAL_CHANNEL, "ids": final_payload(tuple(ids))},
+                text(
+                    "SELECT CASE WHEN pg_try_advisory_xact_lock(:waiters) THEN false "
+                    "ELSE pg_notify(:channel, :ids) IS NULL END"
+                ),
+                {"waiters": WAITERS_LOCK, "channel": FINAL_CHANNEL, "ids": final_payload(ids)},
             )
 
     def final_watch(self) -> PostgresFinalWatch | None:
@@ -159,8 +168,9 @@ class PostgresStore(SqlStore):
         """One statement for the whole batch (arrays unnested into rows), in autocommit: one
         round trip and one commit, where the shared version needs a locking read first. The
         RETURNING list says exactly which (id, token) pairs took. Its waiters are told in the
-        same statement: one NOTIFY for the batch (evaluated once, when the first row is
-        returned, so never for a batch that took nothing)."""
+        same statement: one NOTIFY for the batch, and only while somebody waits
+        (supervisor/store/finals.py: the waiters' lock), evaluated once, when the first row
+        is returned, so never for a batch that took nothing."""
         if not acks:
             return []
         params = {
@@ -195,10 +205,11 @@ class PostgresStore(SqlStore):
             RETURNING j.id, j.lease_token
             )
             SELECT id, lease_token,
-                   (SELECT pg_notify('{FINAL_CHANNEL}',
-                                     CASE WHEN count(*) <= {PAYLOAD_IDS}
-                                          THEN string_agg(CAST(id AS TEXT), ',') ELSE '*' END)
-                           IS NULL
+                   (SELECT CASE WHEN pg_try_advisory_xact_lock({WAITERS_LOCK}) THEN false
+                           ELSE pg_notify('{FINAL_CHANNEL}',
+                                          CASE WHEN count(*) <= {PAYLOAD_IDS}
+                                               THEN string_agg(CAST(id AS TEXT), ',')
+                                               ELSE '*' END) IS NULL END
                       FROM acked) AS told
               FROM acked
             """
