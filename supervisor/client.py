@@ -119,6 +119,8 @@ class Client:
         given once every one is final. When ``timeout`` runs out first: ``TimeoutError``
         naming the jobs not final, or with ``partial`` the jobs as they are then."""
         ids = list(job_ids)
+        if not poll > 0:
+            raise ValueError(f"poll must be more than 0 seconds, not {poll!r}")
         deadline = time.monotonic() + timeout
         watch = self.store.final_watch()  # registered before the first read: nothing slips
         try:

@@ -118,3 +118,9 @@ def test_wait_all_returns_every_job_or_names_those_not_final(client):
 def test_wait_on_a_missing_job_says_so(client):
     with pytest.raises(JobNotFound, match="no job with id 4242"):
         client.wait(4242, timeout=1)
+
+
+def test_wait_refuses_a_poll_that_would_spin(client):
+    jid = client.enqueue("ping")
+    with pytest.raises(ValueError, match="poll must be more than 0"):
+        client.wait(jid, timeout=1, poll=0)
