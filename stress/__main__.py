@@ -50,6 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",
     ),
+    "bench-finals": (
+        "stress.bench_finals",
+        "the result path's cost of waking waiters: ack with and without it, A/B in one process",
+    ),
     "bench": ("stress.bench_peers", "fleetd against Celery, RQ, Dramatiq, procrastinate"),
     "chaos": (
         "stress.chaos",

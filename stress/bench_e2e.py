@@ -2,19 +2,27 @@
 
 - throughput: no-op jobs per second while a pre-enqueued backlog drains, measured from the
   database (first ``started_at`` to last ``finished_at``), so the supervisor's boot is excluded;
-- pickup latency on an idle fleet: one job enqueued with ``Client.enqueue`` after the fleet has
-  been idle long enough for its poll interval to reach its maximum (1 s); the figure is the
-  job's ``started_at - enqueued_at`` from the database, and ``client.wait`` round trip.
+- pickup latency on an idle fleet: one 1 ms job enqueued with ``Client.enqueue`` after the
+  fleet has been idle long enough for its poll interval to reach its maximum (1 s); the figure
+  is the job's ``started_at - enqueued_at`` from the database; enqueue→done is the time from
+  before ``enqueue`` to ``client.wait``'s return;
+- ack→wait-return: how long after the job's ack ``client.wait`` returned, for those 1 ms jobs
+  and for 1 s jobs: the waiter's wall clock at its return minus the job's ``finished_at``,
+  which the ack statement wrote with the same host's clock (SQLite: the store process's
+  ``time.time()`` when the ack started; PostgreSQL: ``now()``, its statement's start). The
+  commit comes after that time, so the figure includes the commit and overstates the wait by
+  as much (~0.1-0.2 ms).
 
 Examples::
 
     python -m stress bench-e2e                       # SQLite and PostgreSQL
-    python -m stress bench-e2e --engine sqlite --jobs 2000 --pickups 10
+    python -m stress bench-e2e --engine sqlite --jobs 2000 --pickups 10 --long 5
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -45,28 +53,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=positive_int, default=5000, help="backlog for the throughput run"
     )
     parser.add_argument("--workers", type=positive_int, default=2)
-    parser.add_argument("--pickups", type=positive_int, default=20, help="idle pickups to time")
+    parser.add_argument(
+        "--pickups", type=positive_int, default=20, help="idle pickups of a 1 ms job to time"
+    )
+    parser.add_argument(
+        "--long", type=positive_int, default=10, help="waits on a 1 s job to time (ack→wait)"
+    )
+
+
+COLUMNS = (
+    "engine",
+    "jobs",
+    "jobs/s",
+    "pickup p50",
+    "pickup p99",
+    "pickup max",
+    "enqueue→done p50",
+    "enqueue→done p99",
+    "ack→wait p50 (1 ms job)",
+    "ack→wait p99 (1 ms job)",
+    "ack→wait p50 (1 s job)",
+    "ack→wait p99 (1 s job)",
+    "parent CPU/1k jobs",
+    "store procs CPU/1k",
+)
 
 
 def run(args: argparse.Namespace) -> int:
     table = Table(title=f"fleetd end to end ({args.workers} workers, no-op jobs)")
-    for name in (
-        "engine",
-        "jobs",
-        "jobs/s",
-        "pickup p50",
-        "pickup p99",
-        "pickup max",
-        "enqueue→done p50",
-        "parent CPU/1k jobs",
-        "store procs CPU/1k",
-    ):
+    for name in COLUMNS:
         table.add_column(name, justify="right")
     for engine in engines(args):
         with scratch_database(engine, args.postgres_url, "e2e") as (folder, url):
             row = _measure(folder, url, args)
             table.add_row(engine, *row)
-    Console().print(table)
+            print(json.dumps(dict(zip(COLUMNS, [engine, *row], strict=True))), flush=True)
+    Console(width=250).print(table)
     return 0
 
 
@@ -128,7 +150,7 @@ def _measure(folder: Path, url: str, args: argparse.Namespace) -> list[str]:
         url,
         f"""
 [pools.bench]
-handlers = {{ noop = "stress.fixtures:noop" }}
+handlers = {{ noop = "stress.fixtures:noop", sleep = "stress.fixtures:sleep" }}
 min_workers = {args.workers}
 max_workers = {args.workers}
 memory_limit = false
@@ -138,21 +160,29 @@ memory_limit = false
         ids = client.enqueue_many([("noop", {}) for _ in range(args.jobs)])
         with running_supervisor(config, folder / "log") as proc:
             rate, cpu = _throughput(client, ids, psutil.Process(proc.pid))
-            pickups, round_trips = _pickups(client, args.pickups)
-    q = (
-        statistics.quantiles(pickups, n=100, method="inclusive")
-        if len(pickups) > 1
-        else pickups * 99
-    )
+            pickups, round_trips, after_ack = _pickups(client, args.pickups)
+            after_long_ack = _long_waits(client, args.long)
     return [
         str(args.jobs),
         f"{rate:,.0f}",
         _ms(statistics.median(pickups)),
-        _ms(q[98]),
+        _ms(_p99(pickups)),
         _ms(max(pickups)),
         _ms(statistics.median(round_trips)),
+        _ms(_p99(round_trips)),
+        _ms(statistics.median(after_ack)),
+        _ms(_p99(after_ack)),
+        _ms(statistics.median(after_long_ack)),
+        _ms(_p99(after_long_ack)),
         *(["n/a (drain too short)"] * 2 if cpu is None else [_ms(c * 1000) for c in cpu]),
     ]
+
+
+def _p99(values: list[float]) -> float:
+    """The 99th percentile (with 20 samples, close to the largest)."""
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def _throughput(
@@ -196,16 +226,28 @@ def _done(client: Client) -> int:
     return client.store.stats(["bench"])["bench"].done
 
 
-def _pickups(client: Client, n: int) -> tuple[list[float], list[float]]:
+def _pickups(client: Client, n: int) -> tuple[list[float], list[float], list[float]]:
+    """Idle pickups of a 1 ms job: pickup latency, enqueue→done, ack→wait-return."""
     rng = random.Random(7)
-    pickups, round_trips = [], []
+    pickups, round_trips, after_ack = [], [], []
     for _ in range(n):
         time.sleep(1.5 + rng.random())  # idle long enough for the poll interval to reach 1 s
         t0 = time.perf_counter()
-        job = client.wait(client.enqueue("noop", {}), timeout=30)
+        job = client.wait(client.enqueue("sleep", {"seconds": 0.001}), timeout=30)
+        returned = time.time()
         round_trips.append(time.perf_counter() - t0)
         pickups.append(job.started_at - job.enqueued_at)
-    return pickups, round_trips
+        after_ack.append(returned - job.finished_at)
+    return pickups, round_trips, after_ack
+
+
+def _long_waits(client: Client, n: int) -> list[float]:
+    """ack→wait-return of 1 s jobs, one at a time."""
+    after_ack = []
+    for _ in range(n):
+        job = client.wait(client.enqueue("sleep", {"seconds": 1.0}), timeout=30)
+        after_ack.append(time.time() - job.finished_at)
+    return after_ack
 
 
 def _ms(seconds: float) -> str:

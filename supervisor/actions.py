@@ -76,6 +76,16 @@ def stopped_lines(jobs: Sequence[Job], waited: float) -> list[str]:
     return lines
 
 
+def ended_line(job: Job, waited: float) -> str:
+    """Why ``fleetd enqueue --wait`` prints no result: the job ended dead or cancelled, or
+    was not final after ``waited`` seconds."""
+    if job.state is JobState.DEAD:
+        return f"job {job.id} ended dead ({job.error_kind}): {job.last_error}"
+    if job.state is JobState.CANCELLED:
+        return f"job {job.id} was cancelled"
+    return f"job {job.id} is still {job.state} after {waited:g}s (it goes on; fleetd jobs shows it)"
+
+
 def cancel_preview(where: JobFilter, count: int, found: Sequence[Job]) -> list[str]:
     """A cancel by filter without --yes: what it would touch, and how to do it."""
     if not count:

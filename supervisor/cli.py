@@ -148,6 +148,16 @@ def _check_live(config_path: str, as_json: bool) -> None:
 @click.option("--key", help="Idempotency key: an existing key of this kind returns its job.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--delay", default="0", help='Run no earlier than this from now, e.g. "30s".')
+@click.option(
+    "--wait",
+    "wait",
+    is_flag=True,
+    help="Then wait for the job to end and print its result (exit 1 if it ends dead or "
+    "cancelled, or is still running after --timeout).",
+)
+@click.option(
+    "--timeout", help='With --wait: give up waiting after this long, e.g. "5m" (default: never).'
+)
 @friendly
 def enqueue(
     config_path: str,
@@ -157,18 +167,56 @@ def enqueue(
     key: str | None,
     priority: int,
     delay: str,
+    wait: bool,
+    timeout: str | None,
 ) -> None:
-    """Add a job of KIND with a JSON object PAYLOAD_JSON; print its id."""
+    """Add a job of KIND with a JSON object PAYLOAD_JSON; print its id (with --wait, then
+    its result)."""
     from supervisor.errors import PayloadError
 
     try:
         payload = json.loads(payload_json)
     except json.JSONDecodeError as exc:
         raise PayloadError(f"PAYLOAD_JSON is not JSON: {exc}") from None
+    limit = _wait_limit(wait, timeout)
     with _client(config_path, create=True) as client:
-        click.echo(
-            client.enqueue(kind, payload, tenant=tenant, key=key, priority=priority, delay=delay)
+        job_id = client.enqueue(
+            kind, payload, tenant=tenant, key=key, priority=priority, delay=delay
         )
+        click.echo(job_id)
+        if wait:
+            _wait_and_print(client, job_id, limit)
+
+
+def _wait_limit(wait: bool, timeout: str | None) -> float:
+    """--timeout as seconds (checked before anything is written); no --timeout: no limit."""
+    import math
+
+    from supervisor.units import parse_duration
+
+    if timeout is None:
+        return math.inf
+    if not wait:
+        raise click.UsageError("--timeout goes with --wait")
+    try:
+        seconds = parse_duration(timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--timeout'") from None
+    if seconds <= 0:
+        raise click.BadParameter(f"must be more than 0, not {timeout!r}", param_hint="'--timeout'")
+    return seconds
+
+
+def _wait_and_print(client: Any, job_id: int, limit: float) -> None:
+    """Wait for the job (woken when it ends); its result on stdout, or why not on stderr."""
+    from supervisor.actions import ended_line
+
+    job = client.wait_all([job_id], limit, partial=True)[0]
+    if job.state is JobState.DONE:
+        click.echo(json.dumps(job.result))
+        return
+    click.echo(f"fleetd: {ended_line(job, limit)}", err=True)
+    sys.exit(1)
 
 
 _STATES = click.Choice([s.value for s in JobState])
@@ -400,15 +448,10 @@ def _wait_stopped(client: Any, ids: list[int]) -> list[str]:
     import time
 
     from supervisor.actions import stopped_lines
-    from supervisor.model import FINAL_STATES
 
     start = time.monotonic()
-    while True:
-        jobs = [j for j in (client.store.get(i) for i in ids) if j is not None]
-        waited = time.monotonic() - start
-        if all(j.state in FINAL_STATES for j in jobs) or waited >= CANCEL_WAIT:
-            return stopped_lines(jobs, round(waited, 1))
-        time.sleep(0.05)
+    jobs = client.wait_all(ids, CANCEL_WAIT, partial=True)  # woken as each one ends
+    return stopped_lines(jobs, round(time.monotonic() - start, 1))
 
 
 def _pool_and_kind(client: Any, pool: str, kind: str | None) -> None:

@@ -22,6 +22,11 @@ from supervisor.store import Store, open_store
 from supervisor.units import parse_duration
 
 _ITEM_KEYS = {"kind", "payload", "tenant", "key", "priority", "delay"}
+# wait: the reads a waiter makes besides its wake-ups (a wake-up lost, a sender that crashed)
+SAFETY_POLL = 1.0
+# ... and its polling where nothing can wake it: 2 ms, then 1.5x per read, up to 0.25 s
+FALLBACK_POLL = 0.002
+FALLBACK_POLL_MAX = 0.25
 
 
 class Client:
@@ -87,20 +92,79 @@ class Client:
         cancelled): nothing changed. ``JobNotFound`` when there is no such job."""
         return self.store.cancel([job_id]).took
 
-    def wait(self, job_id: int, timeout: float = 30.0) -> Job:
+    def wait(self, job_id: int, timeout: float = 30.0, *, poll: float = SAFETY_POLL) -> Job:
         """Return the job once it is final (done, dead or cancelled); ``TimeoutError``
-        after ``timeout`` s."""
+        after ``timeout`` s, ``JobNotFound`` when there is no such job (never enqueued, or
+        deleted: a purged dead letter, a pruned done job).
+
+        It is woken by whoever makes the job final (NOTIFY on PostgreSQL; a datagram from
+        this host's supervisor on SQLite), and reads the job again every ``poll`` s anyway,
+        in case a wake-up was lost. Where it cannot be woken (SQLite with no supervisor of
+        this user on this host, a socket it cannot bind) it polls, every 2 ms growing to
+        0.25 s."""
+        job = self.wait_all([job_id], timeout, poll=poll, partial=True)[0]
+        if job.state not in FINAL_STATES:
+            raise TimeoutError(f"job {job_id} is still {job.state} after {timeout}s")
+        return job
+
+    def wait_all(
+        self,
+        job_ids: Iterable[int],
+        timeout: float = 30.0,
+        *,
+        poll: float = SAFETY_POLL,
+        partial: bool = False,
+    ) -> list[Job]:
+        """``wait`` for several jobs at once, one registration for all: the jobs in the order
+        given once every one is final. When ``timeout`` runs out first: ``TimeoutError``
+        naming the jobs not final, or with ``partial`` the jobs as they are then."""
+        ids = list(job_ids)
+        if not poll > 0:
+            raise ValueError(f"poll must be more than 0 seconds, not {poll!r}")
         deadline = time.monotonic() + timeout
-        interval = 0.002  # a short job is done within a few ms; then 1.5x per poll, to 0.25 s
-        while True:
-            job = self.get(job_id)
-            if job.state in FINAL_STATES:
-                return job
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"job {job_id} is still {job.state} after {timeout}s")
-            time.sleep(min(interval, left))
-            interval = min(interval * 1.5, 0.25)
+        watch = self.store.final_watch()  # registered before the first read: nothing slips
+        try:
+            jobs = self._settle(ids, deadline, watch, poll)
+        finally:
+            if watch is not None:
+                watch.close()
+        late = [j for j in jobs.values() if j.state not in FINAL_STATES]
+        if late and not partial:
+            named = ", ".join(f"{j.id} ({j.state})" for j in sorted(late, key=lambda j: j.id))
+            raise TimeoutError(f"not final after {timeout}s: job {named}")
+        return [jobs[i] for i in ids]
+
+    def _settle(self, ids: list[int], deadline: float, watch: Any, poll: float) -> dict[int, Job]:
+        """Read the jobs, then read again those a wake-up names (or all, when a wake-up cannot
+        say which, or ``poll`` s passed) until all are final or ``deadline``."""
+        jobs = {i: self.get(i) for i in ids}
+        pending = {i for i, j in jobs.items() if j.state not in FINAL_STATES}
+        step = FALLBACK_POLL
+        poll_at = time.monotonic() + (poll if watch is not None else step)
+        while pending:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if watch is not None and watch.broken:
+                watch = None  # the channel is gone: poll from here on
+            if watch is None:
+                time.sleep(max(0.0, min(poll_at, deadline) - now))
+                woken = None
+            else:
+                woken = watch.wait(min(poll_at, deadline) - now)
+            now = time.monotonic()
+            if now >= poll_at or woken is None:
+                again = set(pending)
+                if watch is None:
+                    step = min(step * 1.5, FALLBACK_POLL_MAX)
+                poll_at = now + (poll if watch is not None else step)
+            else:
+                again = pending & woken
+            for i in again:
+                jobs[i] = self.get(i)
+                if jobs[i].state in FINAL_STATES:
+                    pending.discard(i)
+        return jobs
 
     def new_job(
         self,

@@ -67,6 +67,8 @@ class ControlTable:
         def _now(self) -> ColumnElement[float]: ...
         def _insert(self) -> Any: ...
         def _announce_controls(self) -> None: ...
+        def _finals_in_tx(self, conn: Connection, ids: Sequence[int]) -> None: ...
+        def _finals_committed(self, ids: Sequence[int]) -> None: ...
 
     # ---- cancel -------------------------------------------------------------------------
 
@@ -107,6 +109,8 @@ class ControlTable:
                         conn, jobs.c.id.in_(chosen.scalar_subquery()), cancelled, requested
                     ):
                         pass
+            self._finals_in_tx(conn, cancelled)
+        self._finals_committed(cancelled)
         if requested:
             self._announce_controls()  # the supervisors holding them look at once
         return CancelOutcome(tuple(sorted(cancelled)), requested, unchanged)

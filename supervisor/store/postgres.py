@@ -41,6 +41,13 @@ from sqlalchemy.sql.elements import ColumnElement
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.model import Ack, Lease, NewJob, ReapOutcome
+from supervisor.store.finals import (
+    FINAL_CHANNEL,
+    PAYLOAD_IDS,
+    WAITERS_LOCK,
+    PostgresFinalWatch,
+    final_payload,
+)
 from supervisor.store.rows import job_params
 from supervisor.store.schema import jobs
 from supervisor.store.sql import SqlStore
@@ -94,6 +101,50 @@ class PostgresStore(SqlStore):
     def waker(self) -> PostgresWaker:
         return PostgresWaker(self._conninfo, NOTIFY_CHANNEL, CONNECTION_BOUNDS)
 
+    def _finals_in_tx(self, conn: Connection, ids: Sequence[int]) -> None:
+        if ids:
+            conn.execute(
+                text(
+                    "SELECT CASE WHEN pg_try_advisory_xact_lock(:waiters) THEN false "
+                    "ELSE pg_notify(:channel, :ids) IS NULL END"
+                ),
+                {"waiters": WAITERS_LOCK, "channel": FINAL_CHANNEL, "ids": final_payload(ids)},
+            )
+
+    def final_watch(self) -> PostgresFinalWatch | None:
+        """LISTEN on a connection of its own (one kept between waits; a second wait at the
+        same time, from another thread, opens another); None (the waiter polls) when it
+        cannot connect."""
+        import psycopg
+
+        try:
+            conn = self._listeners.pop()
+        except IndexError:
+            try:
+                conn = psycopg.connect(self._conninfo, autocommit=True, **CONNECTION_BOUNDS)
+            except psycopg.Error:
+                return None
+        try:
+            return PostgresFinalWatch(conn, self._keep_listener)
+        except psycopg.Error:
+            conn.close()
+            return None
+
+    @cached_property
+    def _listeners(self) -> list[Any]:
+        return []
+
+    def _keep_listener(self, conn: Any) -> None:
+        if self._listeners:
+            conn.close()
+        else:
+            self._listeners.append(conn)
+
+    def close(self) -> None:
+        while self.__dict__.get("_listeners"):
+            self._listeners.pop().close()
+        super().close()
+
     def enqueue(self, job: NewJob) -> int:
         """One job without a key is one statement in autocommit: the insert and its NOTIFY
         together, one round trip that commits itself, where a transaction takes three (the
@@ -116,7 +167,10 @@ class PostgresStore(SqlStore):
     def ack(self, acks: Sequence[Ack]) -> list[Lease]:
         """One statement for the whole batch (arrays unnested into rows), in autocommit: one
         round trip and one commit, where the shared version needs a locking read first. The
-        RETURNING list says exactly which (id, token) pairs took."""
+        RETURNING list says exactly which (id, token) pairs took. Its waiters are told in the
+        same statement: one NOTIFY for the batch, and only while somebody waits
+        (supervisor/store/finals.py: the waiters' lock), evaluated once, when the first row
+        is returned, so never for a batch that took nothing."""
         if not acks:
             return []
         params = {
@@ -136,6 +190,7 @@ class PostgresStore(SqlStore):
         now = "CAST(:now AS DOUBLE PRECISION)" if self._clock is not None else _DB_NOW
         return text(
             f"""
+            WITH acked AS (
             UPDATE fleetd_jobs AS j
                SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'done'
                                 ELSE 'cancelled' END,
@@ -148,6 +203,15 @@ class PostgresStore(SqlStore):
                    AS v(id, token, result, peak_rss, duration)
              WHERE j.id = v.id AND j.lease_token = v.token AND j.state = 'leased'
             RETURNING j.id, j.lease_token
+            )
+            SELECT id, lease_token,
+                   (SELECT CASE WHEN pg_try_advisory_xact_lock({WAITERS_LOCK}) THEN false
+                           ELSE pg_notify('{FINAL_CHANNEL}',
+                                          CASE WHEN count(*) <= {PAYLOAD_IDS}
+                                               THEN string_agg(CAST(id AS TEXT), ',')
+                                               ELSE '*' END) IS NULL END
+                      FROM acked) AS told
+              FROM acked
             """
         )
 

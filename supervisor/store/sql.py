@@ -170,6 +170,19 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
     def _after_commit(self, pools: set[str]) -> None:
         """Hook: wake local supervisors once the new jobs are visible (SQLite)."""
 
+    def _finals_in_tx(self, conn: Connection, ids: Sequence[int]) -> None:
+        """Hook: tell waiters, inside the transaction that made ``ids`` final, once it
+        commits (PostgreSQL NOTIFY; supervisor/store/finals.py)."""
+
+    def _finals_committed(self, ids: Sequence[int]) -> None:
+        """Hook: tell waiters on this host that ``ids`` are final, after the commit (SQLite)."""
+
+    def final_watch(self) -> Any:
+        """A waiter's registration for final states (``finals.LocalFinalWatch`` or
+        ``PostgresFinalWatch``: ``wait(timeout)``, ``broken``, ``close()``), made before the
+        waiter's first read; None when this store cannot be told (the waiter polls)."""
+        return None
+
     def _announce_controls(self) -> None:
         """Have every supervisor read the controls now (a cancel, a pause, a resume): the
         wake-up channel with a name no pool can have. Best effort: they read them every
@@ -422,12 +435,15 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
             }
             for a in acks
         ]
+        ids = [a.lease.job_id for a in acks]
         try:
             with self._tx() as conn:
                 changed = driver.executemany(conn, self._ack_raw, params)
-                if changed == len(acks) and conn.dialect.supports_sane_multi_rowcount:
-                    return []
-                raise _Partial  # roll back, and redo it row by row below
+                if changed != len(acks) or not conn.dialect.supports_sane_multi_rowcount:
+                    raise _Partial  # roll back, and redo it row by row below
+                self._finals_in_tx(conn, ids)
+            self._finals_committed(ids)
+            return []
         except _Partial:
             pass
         with self._tx() as conn:
@@ -435,6 +451,8 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
             mine = [p for p, a in zip(params, acks, strict=True) if a.lease in owned]
             if mine:
                 conn.execute(self._ack_stmt, mine)
+                self._finals_in_tx(conn, [p["b_id"] for p in mine])
+        self._finals_committed([p["b_id"] for p in mine])
         return [a.lease for a in acks if a.lease not in owned]
 
     def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
@@ -494,6 +512,8 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
                 else:
                     ended = {DEAD: dead, CANCELLED: cancelled}.get(row.state, retried)
                     ended.append(row.id)
+            self._finals_in_tx(conn, dead + cancelled)
+        self._finals_committed(dead + cancelled)
         later = tuple(i for i in retried if i in deferred)
         return FailOutcome(tuple(retried), tuple(dead), tuple(lost), later, tuple(cancelled))
 
@@ -532,8 +552,11 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         ids released (a lease no longer ours is skipped)."""
         if not leases:
             return []
-        with self._auto() as conn:
+        with self._tx() as conn:  # a transaction: a cancelled job's wake-up goes in it
             rows = self._exec(conn, self._release_stmt, {"leases": lease_pairs(leases)}).all()
+            ended = [r.id for r in rows if r.state == CANCELLED]
+            self._finals_in_tx(conn, ended)
+        self._finals_committed(ended)
         if any(r.state == QUEUED for r in rows):  # idle supervisors take them at once
             self._announce({r.pool for r in rows if r.state == QUEUED})
         return sorted(r.id for r in rows)
@@ -558,8 +581,11 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
     def reap(self, *, limit: int = 1000) -> ReapOutcome:
         """Expired leases back to queued, or dead when the delivery limit is reached (recorded
         as ``lease_expired``). Safe to run on every node at once."""
-        with self._auto() as conn:
+        with self._tx() as conn:  # a transaction: the wake-up of jobs it ended goes in it
             rows = self._exec(conn, self._reap_stmt, {"limit": limit}).all()
+            ended = [r.id for r in rows if r.state in (DEAD, CANCELLED)]
+            self._finals_in_tx(conn, ended)
+        self._finals_committed(ended)
         requeued = tuple(sorted(r.id for r in rows if r.state == QUEUED))
         dead = tuple(sorted(r.id for r in rows if r.state == DEAD))
         cancelled = tuple(sorted(r.id for r in rows if r.state == CANCELLED))

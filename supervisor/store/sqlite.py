@@ -12,8 +12,9 @@ Time is the injected clock (the system clock by default): every process on one h
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.store import driver
+from supervisor.store.finals import FinalAnnouncer, LocalFinalWatch, local_supervisor_present
 from supervisor.store.sql import SqlStore
 from supervisor.store.wake import LocalWaker, wake_local
 
@@ -67,6 +69,30 @@ class SqliteStore(SqlStore):
 
     def waker(self) -> LocalWaker:
         return LocalWaker(self.path)
+
+    def _finals_committed(self, ids: Sequence[int]) -> None:
+        if ids:
+            self._announcer.announce(ids)
+
+    @cached_property
+    def _announcer(self) -> FinalAnnouncer:
+        return FinalAnnouncer(self.path)
+
+    def final_watch(self) -> LocalFinalWatch | None:
+        """A waiter's socket, or None (it polls) when no supervisor of this user runs on the
+        file here (nobody would announce) or the socket cannot be made."""
+        if not local_supervisor_present(self.path):
+            return None
+        try:
+            return LocalFinalWatch(self.path)
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        if "_announcer" in self.__dict__:
+            self._announcer.close()
+            del self.__dict__["_announcer"]
+        super().close()
 
     def _db_now(self) -> ColumnElement[float]:  # pragma: no cover - SQLite always has a clock
         raise AssertionError("SQLite uses the injected clock")

@@ -319,3 +319,18 @@ def test_resume_of_a_kind_under_a_paused_pool_says_the_pool_still_holds_it(confi
     run("pause", "-c", str(config), "bulk", "--kind", "render")
     out = run("resume", "-c", str(config), "bulk", "--kind", "render").output
     assert "its jobs start again" in out and "whole" not in out, out
+
+
+def test_enqueue_wait_refuses_a_bad_timeout_and_writes_nothing(config, db_url):
+    for args, says in (
+        (["--wait", "--timeout", "soon"], "--timeout"),
+        (["--wait", "--timeout", "0s"], "must be more than 0"),
+        (["--timeout", "5s"], "--timeout goes with --wait"),
+    ):
+        out = CliRunner().invoke(main, ["enqueue", "-c", str(config), "render", *args])
+        assert out.exit_code == 2 and says in out.output, out.output
+    store = open_store(db_url)
+    try:
+        assert store.list_jobs() == []
+    finally:
+        store.close()

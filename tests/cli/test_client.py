@@ -93,3 +93,34 @@ def test_wait_returns_when_done_and_times_out_otherwise(client):
     (claimed,) = client.store.claim(pool="fast", kinds={"ping"}, n=1, node="t", lease=30)
     client.store.ack([Ack(claimed.lease, '{"pong": 1}')])
     assert client.wait(jid, timeout=5).result == {"pong": 1}
+
+
+def test_wait_all_returns_every_job_or_names_those_not_final(client):
+    done, waiting = client.enqueue("ping"), client.enqueue("ping")
+    (claimed,) = client.store.claim(pool="fast", kinds={"ping"}, n=1, node="t", lease=30)
+    assert claimed.job_id == done
+    client.store.ack([Ack(claimed.lease, '{"pong": 1}')])
+    with pytest.raises(TimeoutError, match=rf"job {waiting} \(queued\)") as err:
+        client.wait_all([done, waiting], timeout=0.1)
+    assert str(done) not in str(err.value).split("job ", 1)[1]
+    jobs = client.wait_all([waiting, done], timeout=0.1, partial=True)
+    assert [(j.id, j.state) for j in jobs] == [
+        (waiting, JobState.QUEUED),
+        (done, JobState.DONE),
+    ]
+    assert client.cancel(waiting) is True
+    assert [j.state for j in client.wait_all([done, waiting], timeout=5)] == [
+        JobState.DONE,
+        JobState.CANCELLED,
+    ]
+
+
+def test_wait_on_a_missing_job_says_so(client):
+    with pytest.raises(JobNotFound, match="no job with id 4242"):
+        client.wait(4242, timeout=1)
+
+
+def test_wait_refuses_a_poll_that_would_spin(client):
+    jid = client.enqueue("ping")
+    with pytest.raises(ValueError, match="poll must be more than 0"):
+        client.wait(jid, timeout=1, poll=0)

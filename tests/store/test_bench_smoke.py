@@ -77,7 +77,8 @@ def test_bench_e2e_runs_on_both_engines_and_leaves_no_schema_behind() -> None:
             return {row[0] for row in conn.execute(query)}
 
     before = bench_schemas()
-    command = ["bench-e2e", "--jobs", "300", "--pickups", "1", "--postgres-url", base]
+    command = ["bench-e2e", "--jobs", "300", "--pickups", "1", "--long", "1"]
+    command += ["--postgres-url", base]
     out = run_stress(*command, timeout=120)
     rows = [line for line in out.splitlines() if " 300 " in line]
     assert len(rows) == 2 and "sqlite" in rows[0] and "postgres" in rows[1], out
@@ -207,3 +208,25 @@ def test_postgres_reaper_analyzes_a_backlog_the_planner_does_not_know_of() -> No
     assert ran is True
     assert pages <= 5, f"the claim reads {pages} index pages"
     assert again is False
+
+
+@pytest.mark.postgres
+def test_bench_finals_runs_and_a_registered_waiter_hears_every_batch() -> None:
+    base = postgres_base_url()
+    out = run_stress("bench-finals", "--cycles", "8", "--postgres-url", base, timeout=120)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["engine"] for r in rows] == ["sqlite", "postgres"], out
+    assert rows[0]["waiters_found"] == 0 and rows[1]["notifies_heard"] == 0
+    out = run_stress(
+        "bench-finals",
+        "--engine",
+        "postgres",
+        "--cycles",
+        "8",
+        "--waiter",
+        "--postgres-url",
+        base,
+        timeout=120,
+    )
+    (row,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert row["notifies_heard"] >= 4  # each of the 4 B acks notified (other schemas may add)

@@ -1,0 +1,187 @@
+"""Waiters are told when jobs become final, on both engines (supervisor/store/finals.py):
+every verb that can end a job (ack, a fail that dead-letters or cancels, a cancel of a queued
+job, a release or a reap of a job whose cancel was asked, a reap at the delivery limit) wakes
+a registered watch with the job's id, within its transaction (PostgreSQL) or right after its
+commit (SQLite).
+
+PostgreSQL's channel is per database, so tests running at the same time in other schemas may
+name ids too: these tests only assert that the expected ids are heard, except on SQLite, whose
+folder is per file, where a retry must wake nobody.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob
+from supervisor.store.finals import (
+    EVERYTHING,
+    PAYLOAD_IDS,
+    FinalAnnouncer,
+    LocalFinalWatch,
+    final_payload,
+    parse_payload,
+)
+
+
+def job(**kw) -> NewJob:
+    kw.setdefault("max_deliveries", 3)
+    return NewJob(kind="render", pool="bulk", payload=json.dumps({"n": 1}), **kw)
+
+
+def claim(store, n: int = 1, lease: float = 30.0):
+    return store.claim(pool="bulk", kinds={"render"}, n=n, node="node-a", lease=lease)
+
+
+def ack(lease: Lease) -> Ack:
+    return Ack(lease, "null", None, 0.001)
+
+
+@contextmanager
+def watching(store) -> Iterator[object]:
+    """A registered watch. On SQLite a supervisor's wake-up socket is there too (the store
+    answers None when no supervisor uses the file on this host: nobody would announce)."""
+    waker = store.waker()
+    watch = store.final_watch()
+    try:
+        assert watch is not None
+        yield watch
+    finally:
+        if watch is not None:
+            watch.close()
+        waker.close()
+
+
+def heard(watch, ids: set[int], timeout: float = 5.0) -> set[int] | None:
+    """What the watch was told until it had heard ``ids`` (or EVERYTHING)."""
+    got: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while not ids <= got and time.monotonic() < deadline:
+        named = watch.wait(deadline - time.monotonic())
+        if named is EVERYTHING:
+            return EVERYTHING
+        got |= named
+    return got
+
+
+def test_an_ack_wakes_the_watch_with_its_ids(store):
+    ids = store.enqueue_many([job(), job()])
+    leases = [c.lease for c in claim(store, 2)]
+    with watching(store) as watch:
+        assert store.ack([ack(lease) for lease in leases]) == []
+        assert set(ids) <= heard(watch, set(ids))
+
+
+def test_an_ack_with_a_stale_lease_wakes_only_for_the_rows_it_wrote(store, engine):
+    a, b = store.enqueue_many([job(), job()])
+    leases = {c.job_id: c.lease for c in claim(store, 2)}
+    store.release([leases[b]])  # b's lease is no longer good
+    with watching(store) as watch:
+        assert store.ack([ack(leases[a]), ack(leases[b])]) == [leases[b]]
+        got = heard(watch, {a})
+        assert a in got
+        if engine == "sqlite":
+            assert b not in got
+
+
+def test_a_failure_that_dead_letters_wakes_the_watch_and_a_retry_does_not(store, engine):
+    retried, dead = store.enqueue_many([job(), job()])
+    leases = {c.job_id: c.lease for c in claim(store, 2)}
+    with watching(store) as watch:
+        store.fail(
+            [
+                Failure(leases[retried], ErrorKind.EXCEPTION, "boom", retry_delay=5.0),
+                Failure(leases[dead], ErrorKind.PERMANENT, "no", retry_delay=None),
+            ]
+        )
+        got = heard(watch, {dead})
+        assert dead in got
+        if engine == "sqlite":
+            assert retried not in got
+            assert watch.wait(0.05) == frozenset()
+    assert store.get(dead).state is JobState.DEAD
+
+
+def test_a_cancel_of_a_queued_job_wakes_the_watch(store):
+    jid = store.enqueue(job())
+    with watching(store) as watch:
+        assert store.cancel([jid]).cancelled == (jid,)
+        assert jid in heard(watch, {jid})
+
+
+def test_a_cancelled_delivery_ended_by_release_or_fail_wakes_the_watch(store):
+    released, failed = store.enqueue_many([job(), job()])
+    leases = {c.job_id: c.lease for c in claim(store, 2)}
+    store.cancel([released, failed])  # requested only: both are leased
+    with watching(store) as watch:
+        store.release([leases[released]])
+        store.fail([Failure(leases[failed], ErrorKind.CRASHED, "stopped", retry_delay=1.0)])
+        assert {released, failed} <= heard(watch, {released, failed})
+    assert store.get(released).state is store.get(failed).state is JobState.CANCELLED
+
+
+def test_the_reaper_dead_lettering_wakes_the_watch(store, clock):
+    jid = store.enqueue(job(max_deliveries=1))
+    claim(store, lease=1.0)
+    clock.advance(2)
+    with watching(store) as watch:
+        assert store.reap().dead == (jid,)
+        assert jid in heard(watch, {jid})
+
+
+def test_a_batch_past_the_payload_limit_says_re_read_everything(store, engine):
+    if engine == "sqlite":
+        pytest.skip("a datagram holds the ids of any batch fleetd writes")
+    store.enqueue_many([job() for _ in range(PAYLOAD_IDS + 1)])
+    leases = [c.lease for c in claim(store, PAYLOAD_IDS + 1)]
+    with watching(store) as watch:
+        store.ack([ack(lease) for lease in leases])
+        assert heard(watch, {-1}) is EVERYTHING  # -1: no id is, so it listens to the end
+
+
+def test_payloads_name_ids_or_everything():
+    assert final_payload((1, 22, 333)) == "1,22,333"
+    assert final_payload(tuple(range(PAYLOAD_IDS + 1))) == "*"
+    assert parse_payload("1,22,333") == frozenset({1, 22, 333})
+    assert parse_payload("*") is EVERYTHING
+    assert parse_payload("") is EVERYTHING
+    assert parse_payload("7,x") is EVERYTHING
+
+
+def test_sqlite_a_full_queue_makes_the_waiter_re_read_everything(tmp_path):
+    database = str(tmp_path / "q.db")
+    watch = LocalFinalWatch(database)
+    announcer = FinalAnnouncer(database)
+    try:
+        for i in range(watch.full + 3):  # more than the socket queues: some are refused
+            announcer.announce([i + 1])
+        assert announcer._owed  # the waiter is owed what did not fit
+        assert watch.wait(1.0) is EVERYTHING  # it found its queue full
+        announcer.announce([1000])
+        assert watch.wait(1.0) is EVERYTHING  # the owed datagram: re-read everything
+        announcer.announce([1001])
+        assert watch.wait(1.0) == frozenset({1001})
+    finally:
+        watch.close()
+        announcer.close()
+
+
+def test_sqlite_an_announcer_with_nobody_waiting_lists_nothing_and_sends_nothing(tmp_path):
+    database = str(tmp_path / "q.db")
+    announcer = FinalAnnouncer(database)
+    try:
+        announcer.announce([1, 2])
+        assert announcer._targets == [] and announcer._sock is None
+        watch = LocalFinalWatch(database)
+        announcer.announce([3])
+        assert watch.wait(1.0) == frozenset({3})
+        watch.close()
+        announcer.announce([4])  # the waiter left: dropped at the first send that fails
+        assert announcer._targets == []
+    finally:
+        announcer.close()
