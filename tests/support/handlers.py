@@ -312,3 +312,12 @@ def until_cancelled(payload: Payload) -> dict[str, Any]:
             return {"stopped": True}
         time.sleep(0.005)
     return {"stopped": False}
+
+
+@recorded
+def fail_while(payload: Payload) -> str:
+    """Raise while the file ``payload["flag"]`` exists: a fault an operator fixes (removes
+    the file) before requeueing the dead job."""
+    if os.path.exists(payload["flag"]):
+        raise RuntimeError(f"{payload['flag']} is still there")
+    return "fixed"
