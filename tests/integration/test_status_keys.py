@@ -13,6 +13,9 @@ against a real supervisor, on SQLite and PostgreSQL (issue 15's "Show"):
 The view runs with ``--interval 60``: no refresh happens during the test, so every change on
 screen after a key was drawn by that key (a key acts within the frame, not at the next
 refresh). Every wait reads the pane or the store until the text appears, with a deadline.
+
+With ``FLEETD_WRITE_STATUS_DOCS=1`` the frame with the cancel question is written to
+docs/status-keys-80x24.txt (the screenshot docs/observability.md shows).
 """
 
 from __future__ import annotations
@@ -186,6 +189,8 @@ def test_keys_pause_cancel_and_requeue_in_a_real_terminal(fleet: Harness, tmp_pa
             rf"cancel job {hang} \(sleep, tenant acme, running \d+s on \S+\)\? y/n", question
         ), question
         assert fleet.job(hang).state is JobState.LEASED  # asking did nothing yet
+        if os.environ.get("FLEETD_WRITE_STATUS_DOCS") and "sqlite" in fleet.database:
+            (REPO / "docs" / "status-keys-80x24.txt").write_text(question.rstrip() + "\n")
         pane.send("y")
         pane.wait_for(f"job {hang}: cancel requested: node-a stops it within a second")
         eventually(lambda: fleet.job(hang).state is JobState.CANCELLED, timeout=10)
