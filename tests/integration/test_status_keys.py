@@ -27,8 +27,10 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import pytest
@@ -36,7 +38,10 @@ from click.testing import CliRunner
 
 from supervisor.cli import main
 from supervisor.model import JobState
+from supervisor.store import open_store
 from tests.integration.fleet import REPO, Harness, Supervisor, handlers
+from tests.support.databases import postgres_schema_url
+from tests.support.tcpproxy import TcpProxy
 from tests.support.wait import eventually
 
 pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
@@ -286,5 +291,50 @@ def test_ctrl_c_and_sigterm_leave_the_terminal_sane(fleet: Harness, how: str, st
         assert exited(pane) == (status, ["icanon", "echo"])
         pane.send("typed after", "\r")
         assert "\ntyped after\n" in pane.wait_for("read:typed after")
+    finally:
+        pane.close()
+
+
+@pytest.fixture
+def proxied_fleet(tmp_path: Path, start_supervisor: Any) -> Iterator[tuple[Harness, TcpProxy]]:
+    """A fleet whose config reaches PostgreSQL through a proxy the test can cut; the test's
+    own store connects directly."""
+    proxy = TcpProxy("127.0.0.1", 5432)
+    try:
+        with postgres_schema_url() as url:
+            parts = urlsplit(url)
+            user = f"{parts.username}@" if parts.username else ""
+            proxied = urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
+            store = open_store(url)
+            try:
+                yield Harness(tmp_path, proxied, store, start_supervisor), proxy
+            finally:
+                store.close()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.postgres
+def test_a_database_error_is_a_line_on_the_screen_not_a_crash(
+    proxied_fleet: tuple[Harness, TcpProxy],
+) -> None:
+    fleet, proxy = proxied_fleet
+    config = fleet.configure(POOLS)
+    fleet.start()
+    pane = Pane(status_command(config), 80, 24)
+    try:
+        pane.wait_for("pool work: p pauses it")
+        proxy.cut()  # every connection of the view (and the supervisor) dropped, none accepted
+        pane.send("p")
+        pane.wait_for("could not pause pool work: ")
+        pane.send("j")  # the action's line goes with the next key; the failed read's stays
+        pane.wait_for("could not read the fleet: ")
+        assert fleet.store.pauses() == []
+        proxy.restore()
+        pane.send("k", "p")
+        pane.wait_for("paused pool work fleet-wide")
+        assert [p.pool for p in fleet.store.pauses()] == ["work"]
+        pane.send("q")
+        assert exited(pane) == (0, ["icanon", "echo"])
     finally:
         pane.close()
