@@ -28,6 +28,74 @@ _LINE_STYLE = {
 }
 
 
+# ---- what the status line and the footer say ---------------------------------------------
+
+
+def describe(state: State) -> str:
+    """The status line when nothing else is to be said: what is selected and what to do."""
+    shown = f"[only {state.filter}] " if state.filter else ""
+    if state.dead_pool is not None:
+        dead = state.dead_row
+        if dead is None:
+            return f"{shown}no dead letter in pool {state.dead_pool} — Esc back"
+        return f"{shown}dead job {dead.job} ({dead.kind}): r requeues it, x purges it"
+    row = state.row
+    if row is None:
+        return f"{shown}nothing to select"
+    if row.job is None:
+        verb = "resumes" if row.paused else "pauses"
+        return f"{shown}pool {row.pool}: p {verb} it, d opens its dead letters"
+    return f"{shown}job {row.job} ({row.kind} on {row.host}): c cancels it"
+
+
+# ---- the keys, for ? and the footer ----------------------------------------------------------
+
+KEYS = (
+    ("↑ ↓  j k", "select a pool or a running job (PgUp PgDn, g G: further)"),
+    ("p", "pause the selected pool on every host; p again resumes it"),
+    ("c", "cancel the selected running job (asks y/n first)"),
+    ("d", "the dead letters of the selected pool; Esc or d back"),
+    ("  r", "requeue the selected dead letter (a fresh delivery budget)"),
+    ("  x", "purge the selected dead letter (asks y/n first)"),
+    ("/", "show only a kind or tenant: type it, Enter; / then Esc shows all"),
+    ("?", "these keys; any key closes them"),
+    ("q  Esc  Ctrl-C", "quit (Esc goes back first from the dead letters)"),
+)
+
+FOOTER = {
+    Mode.MAIN: "↑↓/jk select  p pause  c cancel  d dead letters  / filter  ? keys  q quit",
+    Mode.DEAD: "↑↓/jk select  r requeue  x purge  p pause  / filter  Esc back  q quit",
+}
+
+
+def footer(state: State) -> str:
+    """The keys of the screen under whatever is asked or typed."""
+    if state.mode is Mode.FILTER:
+        return "type a kind or a tenant  Enter apply  Esc show all  Backspace erase"
+    if state.mode is Mode.CONFIRM:
+        return "y yes  any other key: no"
+    if state.mode is Mode.HELP:
+        return "any key closes the keys  q quit"
+    return FOOTER[Mode.DEAD if state.dead_pool is not None else Mode.MAIN]
+
+
+def status_line(state: State) -> tuple[str, str]:
+    """(text, what it is): ``ask`` a question, ``typing`` the filter, ``said`` what an
+    action did, ``trouble`` why the frame is old, or ``hint`` the selection."""
+    if state.mode is Mode.CONFIRM:
+        return state.prompt, "ask"
+    if state.mode is Mode.FILTER:
+        return f"only kind or tenant: {state.typing}▏", "typing"
+    if state.message:
+        return state.message, "said"
+    if state.trouble:
+        return state.trouble, "trouble"
+    return describe(state), "hint"
+
+
+# ---- the frame -----------------------------------------------------------------------------
+
+
 def body_height(height: int) -> int:
     """Lines left for the screen above the status line and the footer."""
     return max(1, height - CHROME)
@@ -64,12 +132,12 @@ def draw(state: State, view: FleetView, width: int, height: int) -> RenderableTy
             selected_job=row.job if row is not None else None,
             keep=liveview.keeps(state.filter),
         )
-    text, what = liveview.status_line(state)
+    text, what = status_line(state)
     style = "bold red" if what == "said" and text.startswith("could not") else _LINE_STYLE[what]
     return Group(
         body,
         Text(text, style=style, no_wrap=True, overflow="ellipsis"),
-        Text(liveview.footer(state), style="dim", no_wrap=True, overflow="ellipsis"),
+        Text(footer(state), style="dim", no_wrap=True, overflow="ellipsis"),
     )
 
 
@@ -77,7 +145,7 @@ def _help(view: FleetView) -> RenderableType:
     table = Table(box=None, show_header=False, pad_edge=False, expand=False)
     table.add_column(no_wrap=True, style="bold")
     table.add_column(overflow="fold")
-    for keys, what in liveview.KEYS:
+    for keys, what in KEYS:
         table.add_row(keys, what)
     heading = Text("keys of fleetd status (every action says what it did below)", style="bold")
     return Group(status_view.title(view), heading, table)

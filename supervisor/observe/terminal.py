@@ -75,7 +75,8 @@ def keyboard(fd: int) -> Iterator[None]:
         tty.setcbreak(fd, termios.TCSANOW)  # ICANON and ECHO off; ISIG (Ctrl-C) kept
         yield
     finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        with contextlib.suppress(termios.error):  # a hung-up terminal (SIGHUP) has no mode
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -168,8 +168,8 @@ def test_q_esc_and_ctrl_c_quit_from_the_main_screen(key: str) -> None:
 def test_c_asks_before_it_cancels_and_y_cancels() -> None:
     asked, done = on_key(ON_JOB, "c")
     assert (asked.mode, asked.prompt, done) == (Mode.CONFIRM, QUESTION, None)
-    assert liveview.status_line(asked) == (QUESTION, "ask")
-    assert liveview.footer(asked) == "y yes  any other key: no"
+    assert livescreen.status_line(asked) == (QUESTION, "ask")
+    assert livescreen.footer(asked) == "y yes  any other key: no"
     state, done = on_key(asked, "y")
     assert (state.mode, done, state.prompt, state.pending) == (Mode.MAIN, Cancel(812), "", None)
 
@@ -194,7 +194,7 @@ def test_a_job_without_a_tenant_says_so_in_the_question() -> None:
 def test_d_opens_the_dead_letters_of_the_selected_jobs_pool() -> None:
     state, done = on_key(replace(MAIN, selected=("poison", 900)), "d")
     assert (state.mode, state.dead_pool, done) == (Mode.DEAD, "poison", Reload())
-    assert liveview.footer(state).startswith("↑↓/jk select  r requeue  x purge")
+    assert livescreen.footer(state).startswith("↑↓/jk select  r requeue  x purge")
 
 
 @pytest.mark.parametrize(
@@ -273,11 +273,11 @@ def test_slash_filters_on_a_kind_or_tenant(
 
 def test_the_filter_says_what_it_shows_and_how_to_clear_it() -> None:
     state, _ = _apply(MAIN, "/", "a", "c")
-    assert liveview.status_line(state) == ("only kind or tenant: ac▏", "typing")
+    assert livescreen.status_line(state) == ("only kind or tenant: ac▏", "typing")
     state, _ = _apply(state, "enter")
     assert state.message == "showing only kind or tenant 'ac' — / then Esc shows all"
     state, _ = _apply(state, "j")
-    assert liveview.status_line(state)[0].startswith("[only ac] ")
+    assert livescreen.status_line(state)[0].startswith("[only ac] ")
 
 
 def test_the_worker_filter_matches_a_kind_or_a_tenant() -> None:
@@ -350,7 +350,7 @@ def test_pause_cancel_and_requeue_in_one_session() -> None:
     state, done = _apply(state, "p")
     assert done == [PauseAction("bulk")]
     state = liveview.on_done(state, supervisor.actions.pause_key_line("bulk", True))
-    assert liveview.status_line(state) == (
+    assert livescreen.status_line(state) == (
         "paused pool bulk fleet-wide (running jobs finish) — p again to resume",
         "said",
     )
@@ -435,7 +435,7 @@ def test_the_interactive_frame_fits_and_ends_with_the_keys(width: int, height: i
     state = _opened(v, width, height)
     lines = frame(state, v, width, height).splitlines()
     assert len(lines) <= height and all(len(line) <= width for line in lines), lines
-    assert lines[-1] == liveview.FOOTER[Mode.MAIN]
+    assert lines[-1] == livescreen.FOOTER[Mode.MAIN]
     assert lines[-2] == "pool bulk: p pauses it, d opens its dead letters"
     assert "more workers" in lines[-3]  # the worker rows were cut to leave room for them
 
@@ -478,7 +478,7 @@ def test_the_dead_letters_frame_fits_with_the_selected_one_marked(width: int, he
     assert lines[2].split() == ["job", "kind", "tenant", "died", "of", "ago", "tries", "last",
                                 "error"]  # fmt: skip
     assert lines[3].split()[:5] == ["100", "render", "exception", "20s", "3"]
-    assert "more" in lines[-3] and lines[-1] == liveview.FOOTER[Mode.DEAD]
+    assert "more" in lines[-3] and lines[-1] == livescreen.FOOTER[Mode.DEAD]
     styled = frame(state, v, width, height, styles=True).splitlines()
     assert "\x1b[7m" in styled[3] and not any("\x1b[7m" in line for line in styled[4:-2])
 
@@ -496,5 +496,5 @@ def test_the_keys_screen_lists_every_key() -> None:
 
 def test_a_failed_read_is_said_until_a_read_succeeds() -> None:
     state = replace(MAIN, trouble="could not read the fleet: database is locked (frame of X)")
-    assert liveview.status_line(state) == (state.trouble, "trouble")
-    assert liveview.status_line(replace(state, message="paused"))[0] == "paused"
+    assert livescreen.status_line(state) == (state.trouble, "trouble")
+    assert livescreen.status_line(replace(state, message="paused"))[0] == "paused"
