@@ -44,7 +44,10 @@ from tests.support.databases import postgres_schema_url
 from tests.support.tcpproxy import TcpProxy
 from tests.support.wait import eventually
 
-pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
+]
 
 POOLS: dict[str, dict[str, Any]] = {
     "work": {
