@@ -88,7 +88,7 @@ def run(source: Source, console: Console, interval: float, fd: int | None = None
     view = source.view()
     state = liveview.State()
     with keyboard(fd), Live(console=console, auto_refresh=False, transient=False) as live:
-        due, reload = 0.0, True
+        due, reload = time.monotonic() + interval, False  # the view was just read
         while True:
             # the last line stays free: the newline after the frame would scroll it away
             width, height = console.size.width, console.size.height - 1
