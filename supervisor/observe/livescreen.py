@@ -17,6 +17,7 @@ from rich.text import Text
 from supervisor.observe import liveview, status_view
 from supervisor.observe.fleetview import FleetView
 from supervisor.observe.liveview import DeadRow, Mode, State
+from supervisor.observe.status_view import plain
 
 CHROME = 2  # the status line and the footer
 _LINE_STYLE = {
@@ -136,7 +137,7 @@ def draw(state: State, view: FleetView, width: int, height: int) -> RenderableTy
     style = "bold red" if what == "said" and text.startswith("could not") else _LINE_STYLE[what]
     return Group(
         body,
-        Text(text, style=style, no_wrap=True, overflow="ellipsis"),
+        Text(plain(text), style=style, no_wrap=True, overflow="ellipsis"),
         Text(footer(state), style="dim", no_wrap=True, overflow="ellipsis"),
     )
 
@@ -156,7 +157,7 @@ def _dead_screen(state: State, view: FleetView, height: int) -> RenderableType:
     only = f" of kind or tenant {state.filter}" if state.filter else ""
     count = state.dead_count
     heading = Text(
-        f"dead letters of pool {pool}{only}: {count}" + (", oldest first" if count else ""),
+        plain(f"dead letters of pool {pool}{only}: {count}" + (", oldest first" if count else "")),
         style="bold",
         no_wrap=True,
         overflow="ellipsis",
@@ -189,14 +190,16 @@ def _dead_table(rows: tuple[DeadRow, ...], selected: int | None) -> Table:
         )
     table.add_column("last error", no_wrap=True, overflow="ellipsis", ratio=1, min_width=10)
     for d in rows:
+        # Text, never str: a str cell is read as rich markup, and a tenant or an error
+        # message is whatever a job wrote ("[/bold]" in one would raise)
         table.add_row(
             str(d.job),
-            d.kind,
-            d.tenant or "",
+            Text(plain(d.kind)),
+            Text(plain(d.tenant or "")),
             d.error_kind or "",
             liveview.short(d.died_ago),
             str(d.attempts),
-            (d.last_error or "").replace("\n", " "),
+            Text(plain((d.last_error or "").replace("\n", " "))),
             style=status_view.SELECTED if d.job == selected else None,
         )
     return table

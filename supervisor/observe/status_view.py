@@ -78,6 +78,21 @@ def bar(fraction: float | None, width: int) -> Text:
     return Text("▇" * full, style=style) + Text("░" * (width - full), style="dim")
 
 
+def plain(text: str) -> str:
+    """``text`` safe to put on the operator's terminal: each control or other unprintable
+    character shown as its ``\\x..`` escape instead (an escape sequence in a tenant, a kind or
+    an error message would otherwise recolour the screen, retitle the window or move the
+    cursor: jobs are hostile and so is what they write). Rich markup is not this function's
+    business: strings from the fleet go to rich as ``Text``, which is never parsed as markup.
+
+    >>> plain("acme"), plain("\\x1b[31mred\\x07")
+    ('acme', '\\\\x1b[31mred\\\\x07')
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _line(*parts: Text | str, style: str = "") -> Text:
     text = Text(no_wrap=True, overflow="ellipsis", style=style)
     for part in parts:
@@ -240,16 +255,16 @@ def _pool_table(pools: tuple[PoolSummary, ...], selected: str | None = None) -> 
 
 
 def _node_line(n: NodeView) -> Text:
-    where = f"{n.hostname}:{n.pid}"
+    where = f"{plain(n.hostname)}:{n.pid}"
     if n.status == "gone":
         return _line(
-            Text(f"✗ {n.node_id}", style="bold red"),
+            Text(f"✗ {plain(n.node_id)}", style="bold red"),
             f"  {where}  ",
             Text(f"GONE: no heartbeat for {dur(n.heartbeat_age)}", style="red"),
         )
     if n.status == "stopped":
         return _line(
-            Text(f"- {n.node_id}", style="dim"),
+            Text(f"- {plain(n.node_id)}", style="dim"),
             f"  {where}  ",
             Text(f"stopped {dur(n.heartbeat_age)} ago", style="dim"),
         )
@@ -266,7 +281,7 @@ def _node_line(n: NodeView) -> Text:
     state = Text(n.status, style="yellow" if n.status == "draining" else "")
     return _line(
         mark,
-        Text(n.node_id, style="bold"),
+        Text(plain(n.node_id), style="bold"),
         f" {where} ",
         state,
         f" hb {dur(n.heartbeat_age)} up {up} {workers} workers",
@@ -342,8 +357,10 @@ def _worker_table(
         state = Text(w.state, style={"busy": "bold", "stopping": "yellow"}.get(w.state, "dim"))
         if w.kill:
             state = Text(f"kill:{w.kill}", style="bold red")
-        cells: list[Text | str] = [row.hostname] if (wide or many_hosts) else []
-        cells += [w.name, str(w.pid), state, str(w.job or ""), w.kind or "", elapsed, rss]
+        # names as Text: a str cell is read as rich markup ("[/x]" in a kind would raise)
+        cells: list[Text | str] = [Text(plain(row.hostname))] if (wide or many_hosts) else []
+        kind = Text(plain(w.kind or ""))
+        cells += [Text(plain(w.name)), str(w.pid), state, str(w.job or ""), kind, elapsed, rss]
         chosen = selected is not None and w.job == selected
         table.add_row(*cells, style=SELECTED if chosen else None)
     return table

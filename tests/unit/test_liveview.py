@@ -498,3 +498,37 @@ def test_a_failed_read_is_said_until_a_read_succeeds() -> None:
     state = replace(MAIN, trouble="could not read the fleet: database is locked (frame of X)")
     assert livescreen.status_line(state) == (state.trouble, "trouble")
     assert livescreen.status_line(replace(state, message="paused"))[0] == "paused"
+
+
+# What jobs write is hostile: an escape sequence in a tenant would retitle the operator's window
+# (seen in tmux: the OSC in a tenant set the pane title and swallowed the rest of the cancel
+# question), and "[/bold]" in an error message, handed to rich as a str cell, raised
+# MarkupError and ended the view with a traceback.
+HOSTILE_TENANT = "\x1b[31mevil\x1b]0;pwned\x07"
+HOSTILE_ERROR = "bad [/bold] closing [bold]tag\x1b[2J"
+
+
+def test_hostile_text_in_a_dead_letter_is_shown_as_written_not_obeyed() -> None:
+    v = busy_fleet(n_workers=1, gone=False)
+    dead = (DeadRow(17, "[/x]", HOSTILE_TENANT, "permanent", 1, 5.0, HOSTILE_ERROR),)
+    state = with_dead(replace(MAIN, mode=Mode.DEAD, dead_pool="bulk"), dead, 1)
+    for styles in (False, True):
+        text = frame(state, v, 160, 24, styles=styles)
+        assert "\x1b]" not in text and "\x07" not in text and "\x1b[2J" not in text
+    plain_text = frame(state, v, 160, 24)
+    assert "\\x1b[31mevi" in plain_text and "17   [/x]  " in plain_text
+    assert "bad [/bold] closing [bold]tag\\x1b[2J" in plain_text
+
+
+def test_hostile_text_in_a_question_or_a_kind_is_shown_as_written_not_obeyed() -> None:
+    job = worker("bulk", 1, "busy", kind="[/bold]", tenant=HOSTILE_TENANT)
+    snap = snapshot(pool("bulk", (job,)), hostname="host-\x1b[5m")
+    v = view(row(snap))
+    state = _opened(v, 80, 24)
+    state = replace(state, selected=("bulk", job.job))
+    asked, _ = liveview.on_key(state, "c")
+    text = frame(asked, v, 160, 24)
+    assert "[/bold]" in text.split("elapsed/timeout", 1)[1]  # the kind in the worker table
+    assert "tenant \\x1b[31mevil\\x1b]0;pwned\\x07, running 2s on host-\\x1b[5m)? y/n" in text
+    styled = frame(asked, v, 160, 24, styles=True)
+    assert "\x1b]" not in styled and "\x07" not in styled and "\x1b[5m" not in styled
