@@ -5,7 +5,10 @@ decodes it here. An arrow is a three-byte sequence (``ESC [ A``, or ``ESC O A`` 
 application mode) that arrives in one read; a lone ``ESC`` is the Escape key. What this cannot
 do: tell an Escape typed right before another key apart from an Alt chord when both arrive in
 one read (it reports ``esc`` and then the key, which is what the view wants anyway), or decode
-a sequence split across two reads (rare on a local terminal; the part is dropped).
+a sequence split across two reads by itself: ``unfinished`` tells the reader that a read ended
+inside one (over ssh an arrow's ``ESC`` can arrive alone), and the reader waits a moment for
+the rest before it decodes (terminal.read_keys); a lone ``ESC`` is Escape only once that
+moment has passed with nothing more.
 """
 
 from __future__ import annotations
@@ -51,6 +54,24 @@ def decode(data: bytes) -> list[str]:
             keys.append(ch)
         i += 1
     return keys
+
+
+def unfinished(data: bytes) -> bool:
+    """``data`` ends inside an escape sequence: a lone ``ESC``, or ``ESC [`` / ``ESC O`` and
+    parameters without the final byte. More bytes may be on their way.
+
+    >>> unfinished(b"j\\x1b"), unfinished(b"\\x1b[1;"), unfinished(b"\\x1b[A"), unfinished(b"q")
+    (True, True, False, False)
+    """
+    at = data.rfind(ESC.encode())
+    if at < 0:
+        return False
+    tail = data[at + 1 :]
+    if not tail:
+        return True
+    if tail[:1] not in (b"[", b"O"):
+        return False
+    return all(c in b"0123456789;" for c in tail[1:])
 
 
 def _sequence(text: str, i: int) -> tuple[str | None, int]:

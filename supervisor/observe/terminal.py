@@ -39,9 +39,12 @@ from supervisor.errors import FleetdError
 from supervisor.model import iso
 from supervisor.observe import livescreen, liveview
 from supervisor.observe.fleetview import FleetView
-from supervisor.observe.keys import decode
+from supervisor.observe.keys import decode, unfinished
 
 READ_SIZE = 1024  # bytes of keys taken in one read (a burst of held-down j is many)
+# How long a read that ended inside an escape sequence waits for the rest (an arrow's bytes
+# split by the network): also how long Escape alone takes to act. vim's ttimeoutlen is 100 ms.
+ESC_WAIT = 0.1
 
 
 class Source(Protocol):
@@ -102,10 +105,23 @@ def run(source: Source, console: Console, interval: float, fd: int | None = None
             ready, _, _ = select.select([fd], [], [], max(0.0, due - time.monotonic()))
             if not ready:
                 continue
-            data = os.read(fd, READ_SIZE)
+            data = read_keys(fd, ESC_WAIT)
             if not data:  # the terminal is gone
                 return
             state, reload = _keys(source, state, decode(data))
+
+
+def read_keys(fd: int, wait: float) -> bytes:
+    """What is waiting on ``fd`` (at least one byte; none: the terminal is gone). A read that
+    ends inside an escape sequence waits up to ``wait`` seconds for the rest, so an arrow
+    split across reads is not taken for Escape (which quits) and two letters."""
+    data = os.read(fd, READ_SIZE)
+    while data and unfinished(data) and select.select([fd], [], [], wait)[0]:
+        more = os.read(fd, READ_SIZE)
+        if not more:
+            break
+        data += more
+    return data
 
 
 def _keys(source: Source, state: liveview.State, keys: list[str]) -> tuple[liveview.State, bool]:

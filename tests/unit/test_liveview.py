@@ -5,8 +5,14 @@ and the frame it draws (captured with a recording console at 80×24 and 160×48)
 from __future__ import annotations
 
 import doctest
+import fcntl
 import io
+import os
 import re
+import struct
+import termios
+import threading
+import tty
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +21,7 @@ from rich.console import Console
 
 import supervisor.actions
 from supervisor.model import CancelOutcome, ErrorKind, Job, JobState, Pause
-from supervisor.observe import keys, livescreen, liveview
+from supervisor.observe import keys, livescreen, liveview, terminal
 from supervisor.observe.liveview import (
     Cancel,
     DeadRow,
@@ -31,6 +37,7 @@ from supervisor.observe.liveview import (
     with_rows,
 )
 from supervisor.observe.liveview import Pause as PauseAction
+from tests.support.wait import eventually
 from tests.unit.test_observe import busy_fleet, pool, row, snapshot, view, worker
 
 
@@ -532,3 +539,45 @@ def test_hostile_text_in_a_question_or_a_kind_is_shown_as_written_not_obeyed() -
     assert "tenant \\x1b[31mevil\\x1b]0;pwned\\x07, running 2s on host-\\x1b[5m)? y/n" in text
     styled = frame(asked, v, 160, 24, styles=True)
     assert "\x1b]" not in styled and "\x07" not in styled and "\x1b[5m" not in styled
+
+
+def test_an_arrow_split_across_reads_is_an_arrow_not_escape() -> None:
+    """Over ssh an arrow's ESC can arrive alone, the ``[B`` a moment later. Read as they came,
+    that was Escape (which quits the main screen) then '[' and 'B'. The reader waits for the
+    rest of a sequence it is inside; the second half is written only once the ESC has been
+    read (the pty's input queue is empty), so the split is certain."""
+    master, slave = _keyboard()
+    got: list[bytes] = []
+    try:
+        os.write(master, b"\x1b")
+        reader = threading.Thread(target=lambda: got.append(terminal.read_keys(slave, 30.0)))
+        reader.start()
+        eventually(lambda: _waiting(slave) == 0)
+        os.write(master, b"[B")
+        reader.join(30)
+        assert [keys.decode(g) for g in got] == [["down"]]
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_escape_alone_is_escape_once_nothing_more_comes() -> None:
+    master, slave = _keyboard()
+    try:
+        os.write(master, b"\x1b")
+        assert keys.decode(terminal.read_keys(slave, 0.01)) == ["esc"]
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def _keyboard() -> tuple[int, int]:
+    """A pty whose terminal end is in the view's mode (cbreak: a byte is readable at once)."""
+    master, slave = os.openpty()
+    tty.setcbreak(slave)
+    return master, slave
+
+
+def _waiting(fd: int) -> int:
+    """Bytes in the terminal's input queue, not yet read."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
