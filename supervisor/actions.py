@@ -124,15 +124,23 @@ def pause_line(pool: str, kind: str | None, took: bool, config_path: str) -> str
     )
 
 
-def pause_key_line(pool: str, took: bool) -> str:
-    """The live view's ``p`` on a pool that was not paused.
+def pause_key_line(pool: str, took: bool, kinds_kept: Sequence[str] = ()) -> str:
+    """The live view's ``p`` on a pool that was not paused. ``kinds_kept``: kinds of it
+    paused one by one, which the next ``p`` leaves paused (it lifts only its own pause).
 
     >>> pause_key_line("bulk", True)
     'paused pool bulk fleet-wide (running jobs finish) — p again to resume'
+    >>> pause_key_line("bulk", True, ["render"])
+    'paused pool bulk fleet-wide (running jobs finish) — p again to resume all but kind render'
     """
+    but = f" all but {_kinds(kinds_kept)}" if kinds_kept else ""
     if not took:
-        return f"{_paused(pool, None, took)} — p again to resume"
-    return f"{_paused(pool, None, took)} (running jobs finish) — p again to resume"
+        return f"{_paused(pool, None, took)} — p again to resume{but}"
+    return f"{_paused(pool, None, took)} (running jobs finish) — p again to resume{but}"
+
+
+def _kinds(kinds: Sequence[str]) -> str:
+    return f"kind{'s' if len(kinds) > 1 else ''} {', '.join(kinds)}"
 
 
 def resume_lines(pool: str, kind: str | None, lifted: Sequence[Pause]) -> list[str]:
@@ -144,14 +152,30 @@ def resume_lines(pool: str, kind: str | None, lifted: Sequence[Pause]) -> list[s
     ]
 
 
-def resume_key_line(pool: str, lifted: Sequence[Pause]) -> str:
-    """The live view's ``p`` on a paused pool: every pause of it lifted.
+def resume_key_line(pool: str, lifted: Sequence[Pause], kinds_kept: Sequence[str] = ()) -> str:
+    """The live view's ``p`` on a paused pool: the pool-wide pause lifted. ``kinds_kept``:
+    kinds of it paused one by one (``fleetd pause --kind``), left paused and named.
 
     >>> resume_key_line("bulk", [Pause("bulk", None, 0.0)])
     'resumed pool bulk (paused since 00:00:00Z): its jobs start again — p pauses it again'
+    >>> resume_key_line("bulk", [Pause("bulk", None, 0.0)], ["render"])[:71]
+    'resumed pool bulk (paused since 00:00:00Z) but kind render stays paused'
     """
+    if not lifted and kinds_kept:
+        return (
+            f"pool {pool} has no pool-wide pause to lift: {_kinds(kinds_kept)} are paused one "
+            f"by one and stay so (fleetd resume {pool} lifts them)"
+        )
     if not lifted:
         return resume_lines(pool, None, lifted)[0]
+    if kinds_kept:
+        since = (iso(min(p.since for p in lifted)) or "")[11:19]
+        verb = "stay" if len(kinds_kept) > 1 else "stays"
+        return (
+            f"resumed pool {pool} (paused since {since}Z) but {_kinds(kinds_kept)} {verb} paused "
+            f"(fleetd resume {pool} --kind {kinds_kept[0] if len(kinds_kept) == 1 else 'K'}) "
+            "— p pauses it again"
+        )
     since = (iso(min(p.since for p in lifted)) or "")[11:19]
     kinds = sorted(p.kind for p in lifted if p.kind is not None)
     if any(p.kind is None for p in lifted):

@@ -71,9 +71,13 @@ class LiveControls:
     def _do(self, action: Action) -> str:
         match action:
             case Pause(pool):
-                return actions.pause_key_line(pool, self.store.pause(pool))
+                took = self.store.pause(pool)
+                return actions.pause_key_line(pool, took, self._kind_pauses(pool))
             case Resume(pool):
-                return actions.resume_key_line(pool, self.store.resume(pool))
+                # only the pause p sets: kinds paused one by one (fleetd pause --kind) were
+                # paused by someone for a reason of theirs, and stay paused, named in the line
+                lifted = self.store.resume(pool, pool_wide_only=True)
+                return actions.resume_key_line(pool, lifted, self._kind_pauses(pool))
             case Cancel(job):
                 return actions.cancel_key_line(job, self.store.cancel([job]))
             case Requeue(job):
@@ -85,6 +89,10 @@ class LiveControls:
             case Reload():
                 return ""
         raise AssertionError(f"no such action: {action!r}")
+
+    def _kind_pauses(self, pool: str) -> list[str]:
+        """The kinds of ``pool`` paused one by one, now."""
+        return [p.kind for p in self.store.pauses() if p.pool == pool and p.kind is not None]
 
 
 def _doing(action: Action) -> str:

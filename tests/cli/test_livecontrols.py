@@ -44,6 +44,26 @@ def test_p_pauses_and_resumes_a_pool_and_says_how_to_undo(store: Any) -> None:
     assert live.perform(Resume("bulk")) == "pool bulk was not paused; nothing changed"
 
 
+def test_p_on_a_pool_with_a_kind_paused_leaves_that_pause_alone_and_says_so(store: Any) -> None:
+    """A kind paused from the command line (by someone, for a reason) is not lifted by the
+    view's p: p lifts only the pool-wide pause p set, and both lines name the kind kept."""
+    store.pause("bulk", "render")
+    live = controls(store)
+    said = live.perform(Pause("bulk"))
+    assert said.endswith("— p again to resume all but kind render"), said
+    said = live.perform(Resume("bulk"))
+    assert said.startswith("resumed pool bulk (paused since ")
+    assert "but kind render stays paused (fleetd resume bulk --kind render)" in said
+    assert [(p.pool, p.kind) for p in store.pauses()] == [("bulk", "render")]
+    store.pause("bulk", "thumb")  # every kind paused one by one: the view shows it paused
+    said = live.perform(Resume("bulk"))
+    assert said == (
+        "pool bulk has no pool-wide pause to lift: kinds render, thumb are paused one by one "
+        "and stay so (fleetd resume bulk lifts them)"
+    )
+    assert [(p.pool, p.kind) for p in store.pauses()] == [("bulk", "render"), ("bulk", "thumb")]
+
+
 def test_c_cancels_a_running_job_and_says_who_stops_it(store: Any) -> None:
     running = store.enqueue(job())
     store.claim(pool="bulk", kinds={"render"}, n=1, node="node-a", lease=30.0)
