@@ -1,6 +1,7 @@
 """Pure: what the operator commands say (``fleetd cancel``, ``pause``, ``resume``, the bulk
-``dlq`` actions). Values in, lines out; the CLI prints them. Every action says what it did,
-names what it left alone and why, and how to undo it where that makes sense.
+``dlq`` actions), and the same words in one status line for the keys of the live view
+(``fleetd status``: ``*_key_line``). Values in, lines out; the CLI prints them. Every action
+says what it did, names what it left alone and why, and how to undo it where that makes sense.
 """
 
 from __future__ import annotations
@@ -118,14 +119,38 @@ def what(pool: str, kind: str | None) -> str:
     return f"kind {kind} of pool {pool}" if kind else f"pool {pool}"
 
 
+def _paused(pool: str, kind: str | None, took: bool) -> str:
+    if not took:
+        return f"{what(pool, kind)} was paused already; nothing changed"
+    return f"paused {what(pool, kind)} fleet-wide"
+
+
 def pause_line(pool: str, kind: str | None, took: bool, config_path: str) -> str:
     undo = f"fleetd resume -c {config_path} {pool}" + (f" --kind {kind}" if kind else "")
     if not took:
-        return f"{what(pool, kind)} was paused already; nothing changed (undo: {undo})"
+        return f"{_paused(pool, kind, took)} (undo: {undo})"
     return (
-        f"paused {what(pool, kind)} fleet-wide: no new job of it starts; running jobs finish "
-        f"(undo: {undo})"
+        f"{_paused(pool, kind, took)}: no new job of it starts; running jobs finish (undo: {undo})"
     )
+
+
+def pause_key_line(pool: str, took: bool, kinds_kept: Sequence[str] = ()) -> str:
+    """The live view's ``p`` on a pool that was not paused. ``kinds_kept``: kinds of it
+    paused one by one, which the next ``p`` leaves paused (it lifts only its own pause).
+
+    >>> pause_key_line("bulk", True)
+    'paused pool bulk fleet-wide (running jobs finish) — p again to resume'
+    >>> pause_key_line("bulk", True, ["render"])
+    'paused pool bulk fleet-wide (running jobs finish) — p again to resume all but kind render'
+    """
+    but = f" all but {_kinds(kinds_kept)}" if kinds_kept else ""
+    if not took:
+        return f"{_paused(pool, None, took)} — p again to resume{but}"
+    return f"{_paused(pool, None, took)} (running jobs finish) — p again to resume{but}"
+
+
+def _kinds(kinds: Sequence[str]) -> str:
+    return f"kind{'s' if len(kinds) > 1 else ''} {', '.join(kinds)}"
 
 
 def resume_lines(
@@ -153,6 +178,53 @@ def resume_lines(
             for p in lifted
         ]
     return lines
+
+
+def resume_key_line(pool: str, lifted: Sequence[Pause], kinds_kept: Sequence[str] = ()) -> str:
+    """The live view's ``p`` on a paused pool: the pool-wide pause lifted. ``kinds_kept``:
+    kinds of it paused one by one (``fleetd pause --kind``), left paused and named.
+
+    >>> resume_key_line("bulk", [Pause("bulk", None, 0.0)])
+    'resumed pool bulk (paused since 00:00:00Z): its jobs start again — p pauses it again'
+    >>> resume_key_line("bulk", [Pause("bulk", None, 0.0)], ["render"])[:71]
+    'resumed pool bulk (paused since 00:00:00Z) but kind render stays paused'
+    """
+    if not lifted and kinds_kept:
+        return (
+            f"pool {pool} has no pool-wide pause to lift: {_kinds(kinds_kept)} are paused one "
+            f"by one and stay so (fleetd resume {pool} lifts them)"
+        )
+    if not lifted:
+        return resume_lines(pool, None, lifted)[0]
+    if kinds_kept:
+        since = (iso(min(p.since for p in lifted)) or "")[11:19]
+        verb = "stay" if len(kinds_kept) > 1 else "stays"
+        return (
+            f"resumed pool {pool} (paused since {since}Z) but {_kinds(kinds_kept)} {verb} paused "
+            f"(fleetd resume {pool} --kind {kinds_kept[0] if len(kinds_kept) == 1 else 'K'}) "
+            "— p pauses it again"
+        )
+    since = (iso(min(p.since for p in lifted)) or "")[11:19]
+    kinds = sorted(p.kind for p in lifted if p.kind is not None)
+    if any(p.kind is None for p in lifted):
+        lifted_what = what(pool, None) + (f" (and kinds {', '.join(kinds)})" if kinds else "")
+    else:
+        lifted_what = f"kind{'s' if len(kinds) > 1 else ''} {', '.join(kinds)} of pool {pool}"
+    return (
+        f"resumed {lifted_what} (paused since {since}Z): its jobs start again — p pauses it again"
+    )
+
+
+def cancel_key_line(job_id: int, out: CancelOutcome) -> str:
+    """The live view's ``c`` then ``y`` on one job.
+
+    >>> cancel_key_line(812, CancelOutcome(requested={812: "host-a"}))
+    'job 812: cancel requested: host-a stops it within a second; it ends cancelled'
+    """
+    if job_id in out.requested:
+        node = out.requested[job_id] or "its supervisor"
+        return f"job {job_id}: cancel requested: {node} stops it within a second; it ends cancelled"
+    return cancel_lines(out)[0]
 
 
 def dlq_lines(verb: str, ids: Sequence[int], where: JobFilter | None) -> list[str]:

@@ -557,10 +557,12 @@ def demo(config_path: str, seconds: float) -> None:
 )
 @friendly
 def status(config_path: str, once: bool, as_json: bool, interval: float) -> None:
-    """The live view of every pool on every host sharing the database."""
+    """The live view of every pool on every host sharing the database. On a terminal it
+    takes keys: j/k or arrows select, p pauses or resumes a pool, c cancels a job, d opens a
+    pool's dead letters (r requeue, x purge), / filters, ? lists the keys, q quits."""
     from rich.console import Console
 
-    from supervisor.observe import status_view
+    from supervisor.observe import status_view, terminal
 
     with _client(config_path) as client:
         if as_json:
@@ -571,4 +573,10 @@ def status(config_path: str, once: bool, as_json: bool, interval: float) -> None
             status_view.show_once(lambda: _fleet_view(client), console)
             return
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the view, not an error
-            status_view.watch(lambda: _fleet_view(client), console, interval)
+            if terminal.interactive(console):
+                from supervisor.livecontrols import LiveControls
+
+                controls = LiveControls(client.store, lambda: _fleet_view(client))
+                terminal.run(controls, console, interval)
+            else:
+                status_view.watch(lambda: _fleet_view(client), console, interval)

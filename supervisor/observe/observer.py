@@ -248,6 +248,7 @@ class Observer:
             kind=job.claimed.kind if job else None,
             attempt=job.claimed.attempt if job else None,
             elapsed=now - job.started if job else None,
+            tenant=job.claimed.tenant if job else None,
             timeout=config.timeout,
             rss=rss,
             age=now - w.spawned_at,

@@ -63,6 +63,7 @@ class WorkerView:
     kind: str | None = None
     attempt: int | None = None
     elapsed: float | None = None  # seconds since the job was sent
+    tenant: str | None = None  # the job's tenant (the live view's filter and its cancel line)
     timeout: float = 0.0  # the pool's timeout (the job's deadline is elapsed = timeout)
     rss: int | None = None  # bytes, latest reading (watchdog while busy, Pong while idle)
     age: float = 0.0  # seconds since the fork

@@ -29,6 +29,7 @@ from supervisor.observe.health import wedged
 from supervisor.observe.snapshot import PoolView
 
 WIDE = 120
+SELECTED = "reverse"  # the interactive view's selected pool or job
 LEVEL_STYLE = {"green": "green", "amber": "yellow", "red": "bold red"}
 
 
@@ -77,8 +78,23 @@ def bar(fraction: float | None, width: int) -> Text:
     return Text("▇" * full, style=style) + Text("░" * (width - full), style="dim")
 
 
-def _line(*parts: Text | str) -> Text:
-    text = Text(no_wrap=True, overflow="ellipsis")
+def plain(text: str) -> str:
+    """``text`` safe to put on the operator's terminal: each control or other unprintable
+    character shown as its ``\\x..`` escape instead (an escape sequence in a tenant, a kind or
+    an error message would otherwise recolour the screen, retitle the window or move the
+    cursor: jobs are hostile and so is what they write). Rich markup is not this function's
+    business: strings from the fleet go to rich as ``Text``, which is never parsed as markup.
+
+    >>> plain("acme"), plain("\\x1b[31mred\\x07")
+    ('acme', '\\\\x1b[31mred\\\\x07')
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _line(*parts: Text | str, style: str = "") -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis", style=style)
     for part in parts:
         text.append_text(part) if isinstance(part, Text) else text.append(part)
     return text
@@ -87,7 +103,8 @@ def _line(*parts: Text | str) -> Text:
 # ---- sections -----------------------------------------------------------------------------
 
 
-def _title(view: FleetView) -> Text:
+def title(view: FleetView) -> Text:
+    """The first line: fleet, nodes, the time of the view and the fleet's health."""
     counts = Counter(n.status for n in view.nodes)
     nodes = f"{len(view.nodes)} node{'s' if len(view.nodes) != 1 else ''}"
     extra = [f"{counts[s]} {s}" for s in ("gone", "draining", "stopped") if counts[s]]
@@ -168,7 +185,7 @@ def _workers(p: PoolSummary) -> Text:
     return text
 
 
-def _pool_lines(p: PoolSummary) -> list[Text]:
+def _pool_lines(p: PoolSummary, selected: bool = False) -> list[Text]:
     lines = [
         _line(
             Text(f"{p.name:<12}", style="bold cyan"),
@@ -177,6 +194,7 @@ def _pool_lines(p: PoolSummary) -> list[Text]:
             _sizing(p),
             "  ",
             _oldest(p),
+            style=SELECTED if selected else "",
         ),
         _line(
             f"  {_backlog(p)} · in {rate(p.arrival_rate)} out {rate(p.throughput)} · "
@@ -201,7 +219,7 @@ def _pool_lines(p: PoolSummary) -> list[Text]:
     return lines
 
 
-def _pool_table(pools: tuple[PoolSummary, ...]) -> Table:
+def _pool_table(pools: tuple[PoolSummary, ...], selected: str | None = None) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False, expand=False)
     for name in (
         "pool",
@@ -231,21 +249,22 @@ def _pool_table(pools: tuple[PoolSummary, ...]) -> Table:
             _rss(p)[8:],
             _recent(p, compact=True),
             *([_at_rest(p, compact=True)] if at_rest else []),
+            style=SELECTED if p.name == selected else None,
         )
     return table
 
 
 def _node_line(n: NodeView) -> Text:
-    where = f"{n.hostname}:{n.pid}"
+    where = f"{plain(n.hostname)}:{n.pid}"
     if n.status == "gone":
         return _line(
-            Text(f"✗ {n.node_id}", style="bold red"),
+            Text(f"✗ {plain(n.node_id)}", style="bold red"),
             f"  {where}  ",
             Text(f"GONE: no heartbeat for {dur(n.heartbeat_age)}", style="red"),
         )
     if n.status == "stopped":
         return _line(
-            Text(f"- {n.node_id}", style="dim"),
+            Text(f"- {plain(n.node_id)}", style="dim"),
             f"  {where}  ",
             Text(f"stopped {dur(n.heartbeat_age)} ago", style="dim"),
         )
@@ -262,7 +281,7 @@ def _node_line(n: NodeView) -> Text:
     state = Text(n.status, style="yellow" if n.status == "draining" else "")
     return _line(
         mark,
-        Text(n.node_id, style="bold"),
+        Text(plain(n.node_id), style="bold"),
         f" {where} ",
         state,
         f" hb {dur(n.heartbeat_age)} up {up} {workers} workers",
@@ -310,7 +329,9 @@ def _severity(row: WorkerRow, pools: dict[tuple[str, str], PoolView]) -> tuple[f
     return (-float(is_wedged), -max(mem, elapsed), order, w.pid)
 
 
-def _worker_table(rows: list[WorkerRow], wide: bool, many_hosts: bool, width: int) -> Table:
+def _worker_table(
+    rows: list[WorkerRow], wide: bool, many_hosts: bool, width: int, selected: int | None = None
+) -> Table:
     bar_w = 10 if wide else 6
     table = Table(box=None, header_style="bold", pad_edge=False, expand=False)
     columns = ["host"] if (wide or many_hosts) else []
@@ -336,9 +357,12 @@ def _worker_table(rows: list[WorkerRow], wide: bool, many_hosts: bool, width: in
         state = Text(w.state, style={"busy": "bold", "stopping": "yellow"}.get(w.state, "dim"))
         if w.kill:
             state = Text(f"kill:{w.kill}", style="bold red")
-        cells: list[Text | str] = [row.hostname] if (wide or many_hosts) else []
-        cells += [w.name, str(w.pid), state, str(w.job or ""), w.kind or "", elapsed, rss]
-        table.add_row(*cells)
+        # names as Text: a str cell is read as rich markup ("[/x]" in a kind would raise)
+        cells: list[Text | str] = [Text(plain(row.hostname))] if (wide or many_hosts) else []
+        kind = Text(plain(w.kind or ""))
+        cells += [Text(plain(w.name)), str(w.pid), state, str(w.job or ""), kind, elapsed, rss]
+        chosen = selected is not None and w.job == selected
+        table.add_row(*cells, style=SELECTED if chosen else None)
     return table
 
 
@@ -353,18 +377,18 @@ def _collapsed(hidden: list[WorkerRow]) -> Text:
 # ---- the screen ---------------------------------------------------------------------------
 
 
-def render(view: FleetView, width: int = 80, height: int | None = None) -> RenderableType:
-    """The whole screen for a console ``width`` columns wide; with ``height``, worker rows
-    are cut so the frame fits in that many lines."""
-    wide = width >= WIDE
-    parts: list[RenderableType] = [_title(view)]
+def _head(
+    view: FleetView, width: int, height: int | None, selected_pool: str | None
+) -> tuple[list[RenderableType], int]:
+    """Everything above the worker table, and how many lines it takes."""
+    parts: list[RenderableType] = [title(view)]
     used = 1
-    if wide:
-        parts.append(_pool_table(view.pools))
+    if width >= WIDE:
+        parts.append(_pool_table(view.pools, selected_pool))
         used += 1 + len(view.pools)
     else:
         for p in view.pools:
-            lines = _pool_lines(p)
+            lines = _pool_lines(p, p.name == selected_pool)
             parts.extend(lines)
             used += len(lines)
     if not view.pools:
@@ -385,9 +409,15 @@ def render(view: FleetView, width: int = 80, height: int | None = None) -> Rende
     schedules = _schedule_lines(view)
     parts.extend(schedules)
     used += len(schedules)
-    rows = view.workers
-    if not rows:
-        return Group(*parts)
+    return parts, used
+
+
+def _worker_rows(
+    view: FleetView, height: int | None, used: int, keep: Callable[[WorkerRow], bool] | None
+) -> tuple[list[WorkerRow], list[WorkerRow]]:
+    """The worker rows in screen order (those that matter first), cut to what fits below
+    ``used`` lines: (shown, hidden). ``keep`` filters them first."""
+    rows = [r for r in view.workers if keep is None or keep(r)]
     pools = {
         (n.node_id, name): pv
         for n in view.nodes
@@ -396,10 +426,39 @@ def render(view: FleetView, width: int = 80, height: int | None = None) -> Rende
     }
     rows.sort(key=lambda r: _severity(r, pools))
     room = len(rows) if height is None else max(0, height - used - 2)  # header, "more" line
-    shown, hidden = (rows, []) if room >= len(rows) else (rows[: max(0, room)], rows[room:])
-    many_hosts = len({r.hostname for r in rows}) > 1
+    if room >= len(rows):
+        return rows, []
+    return rows[:room], rows[room:]
+
+
+def shown_workers(
+    view: FleetView,
+    width: int,
+    height: int | None,
+    keep: Callable[[WorkerRow], bool] | None = None,
+) -> list[WorkerRow]:
+    """The worker rows ``render`` shows with these arguments, in screen order."""
+    _, used = _head(view, width, height, None)
+    return _worker_rows(view, height, used, keep)[0]
+
+
+def render(
+    view: FleetView,
+    width: int = 80,
+    height: int | None = None,
+    *,
+    selected_pool: str | None = None,
+    selected_job: int | None = None,
+    keep: Callable[[WorkerRow], bool] | None = None,
+) -> RenderableType:
+    """The whole screen for a console ``width`` columns wide; with ``height``, worker rows
+    are cut so the frame fits in that many lines. The interactive view marks its selected
+    pool or job (reverse video) and filters the worker rows with ``keep``."""
+    parts, used = _head(view, width, height, selected_pool)
+    shown, hidden = _worker_rows(view, height, used, keep)
+    many_hosts = len({r.hostname for r in (*shown, *hidden)}) > 1
     if shown:
-        parts.append(_worker_table(shown, wide, many_hosts, width))
+        parts.append(_worker_table(shown, width >= WIDE, many_hosts, width, selected_job))
     if hidden:
         parts.append(_collapsed(hidden))
     return Group(*parts)

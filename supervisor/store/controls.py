@@ -218,11 +218,17 @@ class ControlTable:
             self._announce_controls()
         return took
 
-    def resume(self, pool: str, kind: str | None = None) -> list[Pause]:
-        """Lift the pauses of a pool: every one of it (``kind`` None), or that kind's only.
-        Returns the pauses lifted (none: nothing was paused)."""
+    def resume(
+        self, pool: str, kind: str | None = None, *, pool_wide_only: bool = False
+    ) -> list[Pause]:
+        """Lift the pauses of a pool: every one of it (``kind`` None), or that kind's only;
+        with ``pool_wide_only``, the pause of the whole pool alone (its kinds paused one by
+        one stay paused: the live view's ``p`` lifts only what its ``p`` set). Returns the
+        pauses lifted (none: nothing was paused)."""
         stmt = delete(pauses).where(pauses.c.pool == pool)
-        if kind is not None:
+        if pool_wide_only:
+            stmt = stmt.where(pauses.c.kind == ALL_KINDS)
+        elif kind is not None:
             stmt = stmt.where(pauses.c.kind == kind)
         stmt = stmt.returning(pauses.c.pool, pauses.c.kind, pauses.c.paused_at)
         with self._auto() as conn:

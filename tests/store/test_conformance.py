@@ -443,6 +443,16 @@ def test_pause_and_resume_are_stored_and_say_whether_they_took(store):
     assert [(p.pool, p.kind) for p in store.pauses()] == [("other", "x")]
 
 
+def test_resume_of_the_pool_wide_pause_alone_keeps_the_kinds_paused(store):
+    store.pause("bulk", "render")
+    store.pause("bulk")
+    store.pause("other")
+    lifted = store.resume("bulk", pool_wide_only=True)
+    assert [(p.pool, p.kind) for p in lifted] == [("bulk", None)]
+    assert [(p.pool, p.kind) for p in store.pauses()] == [("bulk", "render"), ("other", None)]
+    assert store.resume("bulk", pool_wide_only=True) == []
+
+
 def test_cancelled_jobs_are_pruned_after_the_retention(store, clock):
     old = store.enqueue(job())
     store.cancel([old])

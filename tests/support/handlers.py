@@ -326,3 +326,12 @@ def gc_copies(payload: Payload) -> Payload:
     before = private_kib()
     gc.collect()
     return {"copied_kib": private_kib() - before}
+
+
+@recorded
+def fail_while(payload: Payload) -> str:
+    """Raise while the file ``payload["flag"]`` exists: a fault an operator fixes (removes
+    the file) before requeueing the dead job."""
+    if os.path.exists(payload["flag"]):
+        raise RuntimeError(f"{payload['flag']} is still there")
+    return "fixed"

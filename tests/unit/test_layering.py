@@ -17,6 +17,10 @@ PURE = {
     "supervisor/observe/health.py",
     "supervisor/observe/fleetview.py",
     "supervisor/observe/schedview.py",
+    "supervisor/observe/keys.py",
+    "supervisor/observe/liveview.py",
+    "supervisor/observe/livescreen.py",
+    "supervisor/actions.py",
     "supervisor/schedules.py",
 }
 
