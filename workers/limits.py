@@ -276,11 +276,11 @@ def set_pdeathsig(sig: int) -> bool:
 
 
 PR_SET_NAME = 15
-THREAD_NAME_PREFIX = "fleetd-j"  # + the job id: how the parent finds a slot's thread
+THREAD_NAME_PREFIX = "job-"  # + the job id (15 bytes in all): how the parent finds a slot's thread
 
 
 def name_thread(job_id: int) -> bool:
-    """Name the calling thread after its job (``fleetd-j<id>``, prctl PR_SET_NAME; the kernel
+    """Name the calling thread after its job (``job-<id>``, prctl PR_SET_NAME; the kernel
     keeps 15 bytes), so the parent can tell which slot's thread took a worker's page faults
     (``/proc/<pid>/task/<tid>/comm`` and ``stat``). False where prctl is unavailable."""
     c = libc()
