@@ -50,6 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",
     ),
+    "bench-slots": (
+        "stress.bench_slots",
+        "slots: 500 concurrent 1 s sleeps as 500 one-slot workers vs 25 workers x 20 slots",
+    ),
     "bench": ("stress.bench_peers", "fleetd against Celery, RQ, Dramatiq, procrastinate"),
     "chaos": (
         "stress.chaos",
