@@ -161,3 +161,18 @@ def test_a_drain_with_busy_slots(fleet: Harness, finish: bool) -> None:
             assert job.state is JobState.DONE and job.attempts == 1, job
         else:
             assert job.state is JobState.QUEUED and job.attempts == 0, job
+
+
+def test_a_cancelled_async_job_is_cancelled_cooperatively(fleet: Harness) -> None:
+    fleet.configure({"io": pool(timeout="60s")})
+    sup = fleet.start()
+    hang = fleet.enqueue("async_sleep", {"seconds": 1000})
+    sibling = fleet.enqueue("async_sleep", {"seconds": 2.0})
+    fleet.wait_state([hang, sibling], JobState.LEASED)
+    worker = the_worker(sup, fleet)
+    assert fleet.client is not None and fleet.client.cancel(hang)
+    cancelled = eventually(lambda: (j := fleet.job(hang)).state is JobState.CANCELLED and j)
+    assert "task was cancelled" in (cancelled.last_error or ""), cancelled
+    # its task was cancelled, not its worker killed: the sibling finished there, unreleased
+    (done,) = fleet.wait_final([sibling])
+    assert done.state is JobState.DONE and done.attempts == 1 and pid_of(done) == worker
