@@ -979,7 +979,7 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
             "handlers": {"thumbnail": "app.images:thumbnail", "enrich": "app.enrich:call_api"},
             **{"bound": "io", "min_workers": 2, "max_workers": 8, "timeout": "10s"},
             **{"lease": "30s", "latency_target": "5s", "retry_backoff_max": "30s"},
-            **{"slots": 10},
+            **{"slots": 10, "job_memory": "20MiB"},
             **{"max_inflight": 50, "tenant_max_inflight": 10, "kind_max_inflight": {"enrich": 20}},
         },
     ),
