@@ -184,6 +184,11 @@ class Controls:
                     return True
             for worker in pool.workers.values():
                 if any(j.claimed.lease == lease for j in worker.running.values()):
+                    busy = self.stopping.get(worker.pid)
+                    if busy is not None and busy.job_id != lease.job_id:
+                        # a worker with slots has one CancelSlot: one cancel at a time; this
+                        # one is looked at again next read (or released when the worker dies)
+                        return False
                     self._stop(worker, lease.job_id, now)
                     return True
                 if any(q.claimed.lease == lease for q in worker.queued):

@@ -25,7 +25,7 @@ from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
 
-KINDS = ("slot_sleep", "async_sleep", "async_stubborn", "gradual_bomb")
+KINDS = ("slot_sleep", "async_sleep", "async_stubborn", "gradual_bomb", "slot_cancel_wait")
 
 
 def pool(**keys: Any) -> dict[str, Any]:
@@ -176,3 +176,21 @@ def test_a_cancelled_async_job_is_cancelled_cooperatively(fleet: Harness) -> Non
     # its task was cancelled, not its worker killed: the sibling finished there, unreleased
     (done,) = fleet.wait_final([sibling])
     assert done.state is JobState.DONE and done.attempts == 1 and pid_of(done) == worker
+
+
+def test_two_cancels_in_one_worker_each_reach_their_job(fleet: Harness) -> None:
+    fleet.configure({"io": pool(timeout="60s")})
+    fleet.start()
+    ids = [fleet.enqueue("slot_cancel_wait", {"seconds": 30}) for _ in range(2)]
+    fleet.wait_state(ids, JobState.LEASED)
+    assert fleet.client is not None and all(fleet.client.cancel(i) for i in ids)
+
+    # one CancelSlot per worker: the second cancel waits for the first, then is signalled
+    def all_cancelled() -> list[Any] | None:
+        jobs = fleet.jobs(ids)
+        return jobs if all(j.state is JobState.CANCELLED for j in jobs) else None
+
+    jobs = eventually(all_cancelled, timeout=10)
+    for job in jobs:
+        result = json.loads(job.result) if isinstance(job.result, str) else job.result
+        assert result == {"stopped": True}, job  # it saw its own cancel, not the 30 s end
