@@ -54,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_finals",
         "the result path's cost of waking waiters: ack with and without it, A/B in one process",
     ),
+    "bench-slots": (
+        "stress.bench_slots",
+        "slots: 500 concurrent 1 s sleeps as 500 one-slot workers vs 25 workers x 20 slots",
+    ),
     "bench": ("stress.bench_peers", "fleetd against Celery, RQ, Dramatiq, procrastinate"),
     "chaos": (
         "stress.chaos",

@@ -156,6 +156,7 @@ def _sizing_plan(
             (),
             p.max_inflight,
             shared.get(p.name, 0),
+            p.slots,
         )
         for p in config.pools.values()
     ]
@@ -173,6 +174,7 @@ def _sizing_plan(
             "per_worker": c.per_worker,
             "max_inflight": c.max_inflight,
             "latency_target": config.pools[name].latency_target,
+            "slots": config.pools[name].slots,
         }
     return out
 
@@ -210,6 +212,7 @@ def _pool_plan(config: FleetConfig, name: str) -> dict[str, Any]:
         "min_workers": pool.min_workers,
         "max_workers": pool.max_workers,
         "bound": pool.bound,
+        "slots": pool.slots,
         "memory_limit": pool.memory_limit,
         "timeout": pool.timeout,
         "lease": pool.lease,
@@ -243,7 +246,7 @@ def render_plan(plan: dict[str, Any]) -> str:
         limit = format_size(p["memory_limit"]) if p["memory_limit"] else "none"
         lines.append(
             f"  pool {name}: kinds {', '.join(p['kinds'])}; workers {p['min_workers']}.."
-            f"{p['max_workers']} ({p['bound']}); memory_limit {limit}; "
+            f"{p['max_workers']} ({p['bound']}{_slots(p.get('slots', 1))}); memory_limit {limit}; "
             f"timeout {format_duration(p['timeout'])}; lease {format_duration(p['lease'])} "
             f"(heartbeat {format_duration(p['heartbeat'])}); max_deliveries {p['max_deliveries']}"
         )
@@ -261,9 +264,17 @@ def render_plan(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _slots(slots: int) -> str:
+    """``, 20 slots each`` for a pool whose workers run several jobs; nothing otherwise."""
+    return f", {slots} slots each" if slots > 1 else ""
+
+
 def _render_sizing(s: dict[str, Any]) -> str:
     cpu = "cpu -" if s["cpu"] is None else f"cpu {s['cpu']}"
     inflight = "-" if s["max_inflight"] is None else s["max_inflight"]
+    slots = s.get("slots", 1)
+    if slots > 1 and s["max_inflight"] is not None:  # a cap counts jobs, a ceiling workers
+        inflight = f"{inflight} jobs = {-(-s['max_inflight'] // slots)} workers"
     return (
         f"ceiling {s['ceiling']} (bound by {s['binding']}): max_workers {s['max_workers']}, "
         f"{cpu}, memory {s['memory']} ({_memory_ceiling(s)}), max_inflight {inflight}; "
@@ -274,11 +285,14 @@ def _render_sizing(s: dict[str, Any]) -> str:
 def _memory_ceiling(s: dict[str, Any]) -> str:
     """``5.7GiB / 200MiB per job``, or with a shared baseline, ``(5.7GiB - 24MiB shared) /
     176MiB a worker (200MiB per job less the shared)``."""
+    slots = s.get("slots", 1)
+    # a worker of N slots is planned at N jobs' peak (memory is per worker)
+    per = "per job" if slots == 1 else f"per worker of {slots} jobs"
     if not s.get("shared"):
-        return f"{format_size(s['memory_share'])} / {format_size(s['peak_per_job'])} per job"
+        return f"{format_size(s['memory_share'])} / {format_size(s['peak_per_job'])} {per}"
     return (
         f"({format_size(s['memory_share'])} - {format_size(s['shared'])} shared) / "
-        f"{format_size(s['per_worker'])} a worker ({format_size(s['peak_per_job'])} per job "
+        f"{format_size(s['per_worker'])} a worker ({format_size(s['peak_per_job'])} {per} "
         "less the shared)"
     )
 

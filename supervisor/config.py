@@ -399,6 +399,37 @@ class PoolConfig(BaseModel):
         derived="true when the pool has a command handler, else false",
     )
 
+    # ---- slots: several jobs at once per worker (io pools; workers/slots.py) ----
+    slots: Positive = _key(
+        1,
+        "jobs one worker runs at once, each in a thread (io pools only; a deadline, cancel or "
+        "memory kill of one ends the worker, and its other jobs are released)",
+    )
+
+    @model_validator(mode="after")
+    def _slots_fit(self) -> PoolConfig:
+        # A thread cannot be killed, and a command's runner kills every process of the
+        # worker when its job ends (workers.tree.end_all): both need one job per worker.
+        if self.slots > 1 and self.bound != "io":
+            raise _Problem(
+                f'{self.slots} needs bound = "io" (a cpu pool runs one job per worker)',
+                ("slots",),
+            )
+        if self.slots > 1 and self.soft_timeout > 0:
+            raise _Problem(
+                f"{self.slots} cannot raise SoftTimeout in a slot's thread (a signal reaches "
+                "only a worker's main thread): set soft_timeout = 0 (expected 1)",
+                ("slots",),
+            )
+        commands = [k for k, h in self.handlers.items() if isinstance(h, CommandSpec)]
+        if self.slots > 1 and commands:
+            raise _Problem(
+                f"{self.slots} cannot run command handlers ({', '.join(commands)}): a "
+                "command's end kills every process of its worker (expected 1)",
+                ("slots",),
+            )
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _default_heartbeat(cls, data: Any) -> Any:
@@ -948,6 +979,7 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
             "handlers": {"thumbnail": "app.images:thumbnail", "enrich": "app.enrich:call_api"},
             **{"bound": "io", "min_workers": 2, "max_workers": 8, "timeout": "10s"},
             **{"lease": "30s", "latency_target": "5s", "retry_backoff_max": "30s"},
+            **{"slots": 10, "job_memory": "20MiB"},
             **{"max_inflight": 50, "tenant_max_inflight": 10, "kind_max_inflight": {"enrich": 20}},
         },
     ),

@@ -129,10 +129,12 @@ class KillKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class KillReason:
-    """Why the parent killed a worker; decides what happens to its job."""
+    """Why the parent killed a worker; decides what happens to its job. ``job_id``: the job
+    the kill is about, in a worker with slots (None: the job it runs, the oldest)."""
 
     kind: KillKind
     detail: str = ""
+    job_id: int | None = None
 
 
 # ---- sizing: the ceiling each pool may never pass --------------------------------------
@@ -155,6 +157,7 @@ class PoolSizing:
     # bytes of a worker's RSS that every worker of the pool shares (the pages inherited at
     # fork, measured: workers.tree.memory_split): counted once per pool, not per worker
     shared: int = 0
+    slots: int = 1  # jobs one worker runs at once (workers/slots.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +197,9 @@ def peak_per_job(pool: PoolSizing) -> tuple[int, str]:
     kills the box), else the configured job_memory."""
     if len(pool.measured_peaks) >= MEASURED_PEAKS_NEEDED:
         return int(percentile(pool.measured_peaks, PEAK_PERCENTILE)), "measured"
-    return pool.job_memory, "configured"
+    # a worker with slots runs ``slots`` jobs at once: planned at that many jobs' peak until
+    # measured (its jobs then report the worker's peak: memory is per worker)
+    return pool.job_memory * pool.slots, "configured"
 
 
 def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dict[str, Ceiling]:
@@ -219,7 +224,8 @@ def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dic
             "max_workers": p.max_workers,
             "cpu": cpu,
             "memory": memory,
-            "max_inflight": p.max_inflight,
+            # a fleet-wide cap counts jobs; a worker with slots runs ``slots`` of them
+            "max_inflight": desired_workers(p.max_inflight, p.slots) if p.max_inflight else None,
         }
         binding = min((v, k) for k, v in figures.items() if v is not None)[1]
         out[p.name] = Ceiling(
@@ -280,6 +286,17 @@ def desired_slots(
     required = arrival_rate + backlog / time_left
     slots = required * service_time / utilization
     return max(0, math.ceil(slots - 1e-9))  # 48.00000000000001 is 48 slots, not 49
+
+
+def desired_workers(slots: int, slots_per_worker: int) -> int:
+    """Workers to run ``slots`` jobs at once, ``slots_per_worker`` each (the seed's sizing).
+
+    >>> desired_workers(48, 4)   # the seed's example: 48 slots, 4 per worker
+    12
+    >>> desired_workers(49, 20), desired_workers(0, 20), desired_workers(7, 1)
+    (3, 0, 7)
+    """
+    return math.ceil(slots / max(1, slots_per_worker))
 
 
 def host_share(desired_total: int, live_nodes: int) -> int:

@@ -1,9 +1,14 @@
 """The running job as a handler sees it: ``current_job()``.
 
-The child runtime binds a frozen ``JobContext`` around each handler call. A worker runs one job
-at a time, so besides the ``contextvars`` variable the runtime also keeps a process-wide copy:
-that is what makes ``current_job()`` work in threads the handler starts (new threads begin with
-an empty ``contextvars`` context, so the variable alone would not reach them).
+The child runtime binds a frozen ``JobContext`` around each handler call. A worker of one
+slot runs one job at a time, so besides the ``contextvars`` variable the runtime also keeps a
+process-wide copy: that is what makes ``current_job()`` work in threads the handler starts (new
+threads begin with an empty ``contextvars`` context, so the variable alone would not reach them).
+
+A worker with slots (workers/slots.py) runs several jobs at once, each in a thread or an asyncio
+task of its own, and binds each in that context only. What it cannot do: a thread the handler
+starts itself does not see its job (run it with ``contextvars.copy_context().run``; asyncio
+tasks the handler creates inherit the context and do see it).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextvars
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,8 +50,20 @@ class JobContext:
         check it and stop early. The supervisor SIGKILLs the worker a short grace later
         anyway, and whatever the job then returns or raises, it ends cancelled. Only the job
         the cancel named: a late signal meant for the job before it does not count."""
+        if self.id in _slot_cancelled and _slot_jobs.get(self.id) is self:
+            return True
         return _cancelled == self.id and _process_job is self
 
+
+# Slots (workers/slots.py): several jobs run at once, one per thread or asyncio task, each
+# bound in its own context only; the process-wide copy stays None. Cancels are kept per job:
+# ids of the running slot jobs, and those the parent's CANCEL_SIGNAL named. Written by the
+# slot threads and the signal handler (main thread) under the GIL: single dict/set operations.
+_slot_jobs: dict[int, JobContext] = {}
+_slot_cancelled: set[int] = set()
+# called with a job id when a cancel names a running slot job (the asyncio runner cancels
+# its task); set by workers/slots.py
+on_slot_cancel: Callable[[int], None] | None = None
 
 _CURRENT: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar(
     "fleetd_current_job", default=None
@@ -70,6 +88,9 @@ def note_cancel(signum: int = 0, frame: object = None) -> None:
     it and SIGTERM the job's own processes (the worker's group; the worker ignores SIGTERM).
     A signal for a job that ended (the next one of a pipeline runs now) does nothing."""
     global _cancelled
+    if _slot_jobs:
+        _note_slot_cancel()
+        return
     job = _process_job
     if job is None or _slot is None or _slot.read() != job.id or _cancelled == job.id:
         return
@@ -77,6 +98,32 @@ def note_cancel(signum: int = 0, frame: object = None) -> None:
     if os.getpgrp() == os.getpid():  # its own group (fork_worker): never the parent's
         with contextlib.suppress(OSError):
             os.killpg(os.getpid(), signal.SIGTERM)
+
+
+def _note_slot_cancel() -> None:
+    """A cancel in a worker with slots: flag the named job if it runs in a slot. No SIGTERM
+    to the worker's group: its other slots' processes are in it too."""
+    wanted = _slot.read() if _slot is not None else 0
+    if wanted in _slot_jobs and wanted not in _slot_cancelled:
+        _slot_cancelled.add(wanted)
+        if on_slot_cancel is not None:
+            on_slot_cancel(wanted)
+
+
+def bind_slot(ctx: JobContext) -> contextvars.Token[JobContext | None]:
+    """Make ``ctx`` the current job of this thread (or asyncio task) only: a worker with
+    slots runs several at once. A cancel signalled before it started counts."""
+    _slot_jobs[ctx.id] = ctx
+    if _slot is not None and _slot.read() == ctx.id:
+        _slot_cancelled.add(ctx.id)
+    return _CURRENT.set(ctx)
+
+
+def unbind_slot(ctx: JobContext, token: contextvars.Token[JobContext | None]) -> None:
+    """Undo ``bind_slot``."""
+    _slot_jobs.pop(ctx.id, None)
+    _slot_cancelled.discard(ctx.id)
+    _CURRENT.reset(token)
 
 
 def current_job() -> JobContext:

@@ -275,6 +275,21 @@ def set_pdeathsig(sig: int) -> bool:
     return c.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
 
 
+PR_SET_NAME = 15
+THREAD_NAME_PREFIX = "job-"  # + the job id (15 bytes in all): how the parent finds a slot's thread
+
+
+def name_thread(job_id: int) -> bool:
+    """Name the calling thread after its job (``job-<id>``, prctl PR_SET_NAME; the kernel
+    keeps 15 bytes), so the parent can tell which slot's thread took a worker's page faults
+    (``/proc/<pid>/task/<tid>/comm`` and ``stat``). False where prctl is unavailable."""
+    c = libc()
+    if c is None or not hasattr(c, "prctl"):
+        return False
+    name = f"{THREAD_NAME_PREFIX}{job_id}".encode()[:15]
+    return c.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0) == 0
+
+
 def trim_heap() -> bool:
     """Give free malloc memory back to the kernel (glibc ``malloc_trim(0)``); False elsewhere.
 

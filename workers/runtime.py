@@ -119,6 +119,10 @@ class WorkerSpec:
     # kill what a job left running when it ends (workers.tree.end_all); a command's own
     # processes are killed by its runner whatever this says
     end_job_tree: bool = True
+    # jobs run at once, each in a thread or an asyncio task (workers/slots.py); ``threaded``:
+    # run the slot runtime even with one slot (a pool with an ``async def`` handler)
+    slots: int = 1
+    threaded: bool = False
 
     def __post_init__(self) -> None:
         # Checked in the parent, before the fork: a bad spec must not become a fork loop.
@@ -160,7 +164,12 @@ def main(
     gc.freeze()
     try:
         context.use_cancel_slot(cancel_slot)
-        worker = _Worker(conn_fd, spec)
+        if spec.threaded or spec.slots > 1:
+            from workers.slots import SlotWorker  # imports this module: not at the top
+
+            worker: _Worker = SlotWorker(conn_fd, spec)
+        else:
+            worker = _Worker(conn_fd, spec)
         worker.setup()
         worker.serve()
     except _Exit as stop:

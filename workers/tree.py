@@ -283,3 +283,28 @@ def empty_shm() -> int:
         except OSError:
             continue
     return len(names)
+
+
+def thread_faults(pid: int, prefix: str) -> dict[int, int]:
+    """Minor page faults per named thread of ``pid``: ``{n: faults}`` for each thread whose
+    name is ``prefix`` + a number (``/proc/<pid>/task/<tid>/comm`` and ``stat``, field 10).
+    A thread that touches memory first takes its faults, so this says which thread made a
+    process grow. Empty when ``/proc`` cannot be read."""
+    out: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+                name = f.read().strip().decode("ascii", "replace")
+            if not name.startswith(prefix) or not name[len(prefix) :].isdigit():
+                continue
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            out[int(name[len(prefix) :])] = int(fields[7])  # minflt: field 10 of stat
+        except (OSError, ValueError, IndexError):
+            continue
+    return out

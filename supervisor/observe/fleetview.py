@@ -60,6 +60,8 @@ class PoolSummary:
     nodes: int = 0  # live nodes running this pool
     busy: int = 0
     idle: int = 0
+    running: int = 0  # jobs running: one per busy slot
+    slots: int = 1  # jobs one worker runs at once (the most any node says)
     starting: int = 0
     stopping: int = 0
     target: int = 0
@@ -340,6 +342,8 @@ def _summary(name: str, config: Any, stats: PoolStats | None, live: list[NodeVie
         unserved_kinds=tuple(k for k in kinds if pv and k not in served) if pv else (),
         nodes=len(pv),
         busy=sum(v.count("busy") for v in pv),
+        running=sum(v.running for v in pv),
+        slots=max((v.slots for v in pv), default=1),
         idle=sum(v.count("idle") for v in pv),
         starting=sum(v.count("starting") for v in pv),
         stopping=sum(v.count("stopping") for v in pv),

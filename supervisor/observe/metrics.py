@@ -109,6 +109,12 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("fleetd_workers", "gauge", "Worker processes here, by state", ("pool", "state")),
     MetricDef("fleetd_target_workers", "gauge", "Workers this pool is forking towards", ("pool",)),
     MetricDef(
+        "fleetd_jobs_running",
+        "gauge",
+        "Jobs running here: one per busy slot (a worker of one slot runs one)",
+        ("pool",),
+    ),
+    MetricDef(
         "fleetd_desired_workers",
         "gauge",
         "Workers the pool wants here before the ceiling (Little's law)",
@@ -275,6 +281,7 @@ SAMPLES: dict[str, Callable[[FleetSnapshot], Samples]] = {
     "fleetd_lost_leases_total": _node(lambda s: s.lost_leases),
     "fleetd_workers": _workers,
     "fleetd_target_workers": _per_pool(lambda p: p.target),
+    "fleetd_jobs_running": _per_pool(lambda p: p.running),
     "fleetd_desired_workers": _per_pool(lambda p: p.desired),
     "fleetd_pool_ceiling": _per_pool(lambda p: p.ceiling),
     "fleetd_pool_ceiling_binding": _binding,

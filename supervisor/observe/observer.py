@@ -177,6 +177,7 @@ class Observer:
             name=name,
             kinds=tuple(c.handlers),
             bound=c.bound,
+            slots=c.slots,
             workers=workers,
             target=pool.target,
             desired=desired,
@@ -256,6 +257,8 @@ class Observer:
             kill=w.kill_reason.kind if w.kill_reason else None,
             killed_for=now - w.killed_at if w.killed_at is not None else None,
             ping_wait=pinger.waiting(w.pid, now),
+            running=len(w.running),
+            slots=w.slots,
         )
 
 

@@ -71,6 +71,8 @@ class WorkerView:
     kill: str | None = None  # why the parent killed it (memory_limit, timeout, wedged...)
     killed_for: float | None = None  # seconds since that SIGKILL was sent
     ping_wait: float | None = None  # seconds an unanswered Ping has waited
+    running: int = 0  # jobs it runs now (``job`` is the oldest); up to ``slots``
+    slots: int = 1  # jobs it runs at once (workers/slots.py)
 
     @property
     def name(self) -> str:
@@ -84,6 +86,7 @@ class PoolView:
     name: str
     kinds: tuple[str, ...] = ()
     bound: str = "cpu"
+    slots: int = 1  # jobs one worker runs at once
     workers: tuple[WorkerView, ...] = ()
     # sizing (the scaler's figures when it runs; otherwise target and max_workers)
     target: int = 0
@@ -134,6 +137,11 @@ class PoolView:
 
     def count(self, state: str) -> int:
         return sum(1 for w in self.workers if w.state == state)
+
+    @property
+    def running(self) -> int:
+        """Jobs running here: one per busy slot (a worker of one slot runs one)."""
+        return sum(w.running for w in self.workers)
 
     @property
     def busy(self) -> int:

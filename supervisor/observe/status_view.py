@@ -180,6 +180,8 @@ def _recent(p: PoolSummary, compact: bool = False) -> str:
 def _workers(p: PoolSummary) -> Text:
     text = Text(f"{p.busy} busy", style="bold" if p.busy else "")
     text.append(f" {p.idle} idle /{p.provisioned}")
+    if p.slots > 1:  # workers of several slots: the jobs are the concurrency
+        text.append(f" · {p.running}/{p.provisioned * p.slots} slots")
     if p.starting or p.stopping:
         text.append(f" ({p.starting} starting, {p.stopping} stopping)", style="dim")
     return text

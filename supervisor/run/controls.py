@@ -183,7 +183,12 @@ class Controls:
                     log.warning("job %s cancelled before it started", lease.job_id)
                     return True
             for worker in pool.workers.values():
-                if worker.job is not None and worker.job.claimed.lease == lease:
+                if any(j.claimed.lease == lease for j in worker.running.values()):
+                    busy = self.stopping.get(worker.pid)
+                    if busy is not None and busy.job_id != lease.job_id:
+                        # a worker with slots has one CancelSlot: one cancel at a time; this
+                        # one is looked at again next read (or released when the worker dies)
+                        return False
                     self._stop(worker, lease.job_id, now)
                     return True
                 if any(q.claimed.lease == lease for q in worker.queued):
@@ -209,8 +214,7 @@ class Controls:
         (its result or failure is written, and the store makes it cancelled)."""
         for pid, stop in list(self.stopping.items()):
             worker = next((p.workers[pid] for p in self.pools.values() if pid in p.workers), None)
-            running = worker is not None and worker.job is not None
-            if not running or worker.job.claimed.job_id != stop.job_id:
+            if worker is None or stop.job_id not in worker.running:
                 del self.stopping[pid]
                 continue
             if now < stop.kill_at:
@@ -221,6 +225,7 @@ class Controls:
                     KillKind.CANCEL,
                     f"cancelled by an operator while running; its worker was stopped by "
                     f"{self.node_id} ({CANCEL_GRACE:g}s after SIGTERM)",
+                    stop.job_id,  # in a worker with slots: its other jobs are released
                 ),
                 now,
             )

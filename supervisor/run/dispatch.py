@@ -38,7 +38,7 @@ from supervisor.model import ErrorKind, Failure, Lease, RetryBudget
 from supervisor.plans import Room, claim_size
 from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
-from supervisor.run.exits import classify_exit
+from supervisor.run.exits import ExitVerdict, job_verdicts
 from supervisor.run.leases import Buffered, LeaseKeeper
 from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
@@ -55,6 +55,7 @@ PIPELINE_BYTES = 64 * 1024  # frame bytes queued behind a worker's running job, 
 # nothing more is queued behind a job running longer than this: it is not a short one. Well
 # above the pipeline's budget: on two cores a busy worker can go unscheduled for milliseconds
 QUEUE_BEHIND_AT_MOST = 0.05
+JOB_RESULTS = (protocol.JobDone, protocol.JobFailed)
 
 
 class Dispatcher:
@@ -148,7 +149,9 @@ class Dispatcher:
             rooms += [Room(1, 0) for w in pool.workers.values() if w.state == WorkerState.STARTING]
         rooms = _within_cap(rooms, pool.running_cap())
         buffered = len(self.buffer[pool.name])
-        want = claim_size(rooms, depth=depth, prefetch=pool.config.prefetch, buffered=buffered)
+        # slots run what they are sent: nothing is claimed ahead of them (a lease held idle)
+        ahead = 1 if pool.config.slots > 1 else depth
+        want = claim_size(rooms, depth=ahead, prefetch=pool.config.prefetch, buffered=buffered)
         if not want:
             return
         if now < self.health.retry_at:
@@ -302,6 +305,8 @@ class Dispatcher:
     @staticmethod
     def _room(worker: WorkerHandle, depth: int, max_jobs: int | None, now: float) -> int:
         room = worker.room(depth, max_jobs)
+        if worker.slots > 1:  # a free slot runs at once: no pipeline to top up
+            return room
         if worker.job is not None and (room * 2 < depth or _behind_long_job(worker, now)):
             return 0
         return room
@@ -310,19 +315,19 @@ class Dispatcher:
 
     def on_message(self, worker: WorkerHandle, msg: protocol.Message, now: float) -> None:
         pool = self.pools[worker.pool]
-        job = worker.job
+        job = worker.running.get(msg.job_id) if isinstance(msg, JOB_RESULTS) else None
         if isinstance(msg, protocol.Ready) and worker.state == WorkerState.STARTING:
             worker.state = WorkerState.IDLE
             pool.boot_failures = 0
             if self.buffer[pool.name] and not self.draining:
                 self.assign(pool, now)  # claimed while it booted: a fresh worker per job
                 # waits for no pass
-        elif isinstance(msg, protocol.JobDone) and job and job.claimed.job_id == msg.job_id:
+        elif isinstance(msg, protocol.JobDone) and job:
             try:
                 result = storable_result(msg.result)
             except UnstorableResult as exc:
                 self._failure(pool, job, ErrorKind.PERMANENT, str(exc), msg.peak_rss, msg.duration)
-                self._job_over(pool, worker, msg.duration, now)
+                self._job_over(pool, worker, msg.duration, now, msg.job_id)
                 return
             lease = job.claimed.lease
             row = (pool.name, lease.job_id, lease.token, result, msg.peak_rss, msg.duration)
@@ -339,15 +344,15 @@ class Dispatcher:
                     None,
                     "done",
                 )
-            self._job_over(pool, worker, msg.duration, now)
-        elif isinstance(msg, protocol.JobFailed) and job and job.claimed.job_id == msg.job_id:
+            self._job_over(pool, worker, msg.duration, now, msg.job_id)
+        elif isinstance(msg, protocol.JobFailed) and job:
             kind = ErrorKind(msg.error_kind)
             soft = worker.soft_target
             if kind is ErrorKind.TIMEOUT and soft is not None and soft != msg.job_id:
                 # the SoftTimeout meant for the job before it, whose result was already on
                 # its way, landed in this one: not its failure
                 self.outbox.release(job.claimed.lease)
-                self._job_over(pool, worker, msg.duration, now)
+                self._job_over(pool, worker, msg.duration, now, msg.job_id)
                 return
             message = storable_message(msg.message)  # a handler's text: NUL, surrogates, size
             if kind is ErrorKind.TIMEOUT and soft == msg.job_id:  # else a command's own stop
@@ -356,7 +361,7 @@ class Dispatcher:
                     "the handler stopped on SoftTimeout"
                 )
             self._failure(pool, job, kind, message, msg.peak_rss, msg.duration)
-            self._job_over(pool, worker, msg.duration, now)
+            self._job_over(pool, worker, msg.duration, now, msg.job_id)
         elif isinstance(msg, protocol.Returned):
             returned = worker.returned(msg.job_id, now, pool.config.timeout)
             if returned is not None:
@@ -367,32 +372,39 @@ class Dispatcher:
             worker.state = WorkerState.STOPPING  # it exits now: what it holds is released then
             worker.recycling = True
 
-    def _job_over(self, pool: Pool, worker: WorkerHandle, duration: float, now: float) -> None:
+    def _job_over(
+        self, pool: Pool, worker: WorkerHandle, duration: float, now: float, job_id: int
+    ) -> None:
         pool.job_took(duration)
         worker.jobs_done += 1
-        worker.finished(now, pool.config.timeout)
+        worker.finished(now, pool.config.timeout, job_id)
 
     def on_exit(self, worker: WorkerHandle, status: int, now: float) -> None:
         """A worker was reaped: decide the fate of the jobs it held. Those queued behind the
-        current one never started: released; so did the current one of a worker that said
-        Recycling (it exits right after a result)."""
+        running ones never started: released; so did the running ones of a worker that said
+        Recycling (it exits only after its results). The running ones: ``job_verdicts``
+        (the kill's target gets its kind; the others are released, uncounted)."""
         for queued in worker.queued:
             self.outbox.release(queued.claimed.lease)
         worker.queued.clear()
-        job = worker.job
-        if job is None:
+        if not worker.running:
             return
         pool = self.pools[worker.pool]
         code = status >> 8 if status & 0x7F == 0 else None
+        running = dict(worker.running)
+        worker.running.clear()
         if worker.recycling and code == exitcodes.RECYCLE:
-            self.outbox.release(job.claimed.lease)  # never started: hand it back untouched
+            for job in running.values():  # never started: hand it back untouched
+                self.outbox.release(job.claimed.lease)
             return
-        if worker.kill_reason is not None and worker.kill_target != job.claimed.job_id:
-            # killed for the job before it (a timeout, a lost lease, memory), whose result
-            # was already in the socket: this one is not to blame
-            self.outbox.release(job.claimed.lease)
-            return
-        verdict = classify_exit(status, worker.kill_reason)
+        deadlines = {job_id: job.deadline for job_id, job in running.items()}
+        verdicts = job_verdicts(status, worker.kill_reason, worker.kill_target, deadlines, now)
+        for job_id, job in running.items():
+            self._apply_verdict(pool, worker, job, verdicts[job_id], now)
+
+    def _apply_verdict(
+        self, pool: Pool, worker: WorkerHandle, job: InFlight, verdict: ExitVerdict, now: float
+    ) -> None:
         if verdict.action == "fail":
             assert verdict.error_kind is not None
             peak = worker.last_rss
@@ -494,7 +506,7 @@ class Dispatcher:
             queue.clear()
         for pool in self.pools.values():
             for worker in pool.workers.values():
-                worker.job = None
+                worker.running.clear()
                 worker.queued.clear()
 
     # ---- leases (supervisor/run/leases.py) ------------------------------------------
@@ -525,8 +537,13 @@ def _within_cap(rooms: list[Room], cap: int | None) -> list[Room]:
 
 
 def _behind_long_job(worker: WorkerHandle, now: float) -> bool:
-    """Its current job has run longer than ``QUEUE_BEHIND_AT_MOST``: not a short one."""
-    return worker.job is not None and now - worker.job.started > QUEUE_BEHIND_AT_MOST
+    """Its current job has run longer than ``QUEUE_BEHIND_AT_MOST``: not a short one (a
+    worker with slots runs what it is sent: nothing waits behind)."""
+    return (
+        worker.slots == 1
+        and worker.job is not None
+        and now - worker.job.started > QUEUE_BEHIND_AT_MOST
+    )
 
 
 def _budget(ratio: float | None) -> RetryBudget | None:

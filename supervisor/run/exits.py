@@ -63,3 +63,51 @@ def classify_exit(status: int, reason: KillReason | None) -> ExitVerdict:
     if reason.kind == KillKind.LEASE_LOST:
         return ExitVerdict("forget", None, reason.detail)
     return ExitVerdict("release", None, reason.detail or f"worker stopped ({reason.kind})")
+
+
+RELEASED = ExitVerdict("release", None, "")
+
+
+def job_verdicts(
+    status: int,
+    reason: KillReason | None,
+    target: int | None,
+    running: dict[int, float],
+    now: float,
+) -> dict[int, ExitVerdict]:
+    """What a worker's end means for each job it was running (``running``: job id ->
+    monotonic deadline). Pure: the table in tests/unit/test_exits.py.
+
+    - A kill is about one job (``target``): that job gets ``classify_exit``'s verdict
+      (timeout, memory_limit, cancel, forget, release); every other job is released, its
+      delivery not counted: it did nothing wrong (a thread cannot be killed alone, so a
+      worker with slots ends whole for one job).
+    - The deadline alarm (no kill booked): the jobs past their deadline fail ``timeout``,
+      the others are released; if none is past it (clocks), the one due first is blamed.
+    - A crash (no kill booked; a segfault, an exit, a SIGKILL not by fleetd): one job is
+      blamed as always. With several, none can be singled out, and releasing them all would
+      let a poison job crash worker after worker forever. So every one of them fails
+      ``crashed`` and is charged the delivery: a poison job is dead-lettered after
+      ``max_deliveries`` as in a one-slot pool; its siblings each spend one delivery, and
+      retry with backoff, away from it.
+    """
+    if not running:
+        return {}
+    if reason is not None:
+        verdict = classify_exit(status, reason)
+        return {job: verdict if job == target else RELEASED for job in running}
+    alone = classify_exit(status, None)
+    if alone.error_kind is ErrorKind.TIMEOUT:  # the deadline alarm
+        past = {job for job, deadline in running.items() if deadline <= now}
+        if not past:
+            past = {min(running, key=running.__getitem__)}
+        return {job: alone if job in past else RELEASED for job in running}
+    if len(running) == 1:
+        return {job: alone for job in running}
+    shared = ExitVerdict(
+        "fail",
+        ErrorKind.CRASHED,
+        f"{alone.message}, running {len(running)} jobs in its slots: none can be singled "
+        "out, each is charged the delivery",
+    )
+    return {job: shared for job in running}

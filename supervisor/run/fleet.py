@@ -474,13 +474,16 @@ class Fleet:
         self.next_watchdog = now + watchdog.PERIOD
         workers = [w for p in self.pools.values() for w in p.busy()]
         configs = {name: pool.config for name, pool in self.pools.items()}
-        for worker, reason in watchdog.inspect(workers, configs, now):
+        async_kinds = frozenset(
+            (name, kind) for name, pool in self.pools.items() for kind in pool.async_kinds
+        )
+        for worker, reason in watchdog.inspect(workers, configs, now, async_kinds):
             if reason.kind == KillKind.WAIT:
                 continue
             log.warning(
                 "worker %s (job %s): %s",
                 worker.name,
-                worker.job.claimed.job_id if worker.job else "-",
+                reason.job_id or (worker.job.claimed.job_id if worker.job else "-"),
                 reason.detail,
             )
             if reason.kind == KillKind.SOFT_TIMEOUT:

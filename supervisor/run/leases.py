@@ -64,12 +64,14 @@ class LeaseKeeper:
         for w in pool.workers.values():
             if w.job is None or w.kill_reason is not None:
                 continue
-            if w.job.extensions >= c.max_lease_extensions:
+            spent = [j for j in w.running.values() if j.extensions >= c.max_lease_extensions]
+            if spent:
                 w.kill(
                     KillReason(
                         KillKind.TIMEOUT,
                         f"held its lease through max_lease_extensions "
                         f"({c.max_lease_extensions}) extensions",
+                        spent[0].claimed.job_id,
                     ),
                     now,
                 )
@@ -103,12 +105,13 @@ class LeaseKeeper:
         lost = set(reply.value)
         expires = reply.started + pool.config.lease
         for w in pool.workers.values():
-            job = w.job
-            if job is None or w.kill_reason is not None:
+            if w.job is None or w.kill_reason is not None:
                 continue
-            if job.claimed.lease in lost:
+            gone = [j for j in w.running.values() if j.claimed.lease in lost]
+            if gone:  # in a worker with slots: that job is forgotten, its siblings released
                 self.counters.lost_leases += 1
-                w.kill(KillReason(KillKind.LEASE_LOST, "its lease was taken over or expired"), now)
+                why = "its lease was taken over or expired"
+                w.kill(KillReason(KillKind.LEASE_LOST, why, gone[0].claimed.job_id), now)
                 continue
             if any(q.claimed.lease in lost for q in w.queued):
                 # never start a job whose lease is gone: stop the worker before it does (its

@@ -8,6 +8,8 @@ instead of fork-looping. Owned by the supervisor's main thread.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,9 +92,22 @@ class Pool:
     def depth(self) -> int:
         """Jobs one worker may hold (policy.pipeline_depth). 1 under a fleet-wide cap: a
         queued job holds a lease, and so a place under the cap, without running."""
+        if self.config.slots > 1:  # the slots, running; nothing queued behind them
+            return self.config.slots
         if self.limits.capped:
             return 1
         return pipeline_depth(self.recent_duration, self.config.pipeline)
+
+    @property
+    def threaded(self) -> bool:
+        """Its workers run the slot runtime (workers/slots.py): slots, or an ``async def``
+        handler (a task on the worker's event loop, even with one slot)."""
+        return self.config.slots > 1 or bool(self.async_kinds)
+
+    @functools.cached_property
+    def async_kinds(self) -> frozenset[str]:
+        """Kinds whose handler is an ``async def`` (detected at import)."""
+        return frozenset(k for k, h in self.handlers.items() if inspect.iscoroutinefunction(h))
 
     def job_took(self, duration: float) -> None:
         self.recent_duration = recent_duration(self.recent_duration, duration)
@@ -152,6 +167,8 @@ class Pool:
             private_shm=c.private_shm,
             scratch_root=self.scratch_root,
             end_job_tree=c.ends_job_tree,
+            slots=c.slots,
+            threaded=self.threaded,
         )
 
     def take_replacement(self) -> bool:

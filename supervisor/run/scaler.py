@@ -31,6 +31,7 @@ from supervisor.policy import (
     ScaleState,
     ceilings,
     desired_slots,
+    desired_workers,
     host_share,
     next_target,
     saturated,
@@ -129,6 +130,7 @@ class Scaler:
             history.peaks,
             c.max_inflight,
             pool.shared_baseline or 0,
+            c.slots,
         )
 
     def _decide(
@@ -148,6 +150,8 @@ class Scaler:
                 c.utilization,
                 stats.oldest_ready_age,
             )
+            # Little's law gives slots (jobs at once); a worker runs ``slots`` of them
+            desired_total = desired_workers(desired_total, c.slots)
         s.desired = host_share(desired_total, self.live_nodes)
         if pool.paused:  # its backlog waits on purpose: it runs nothing, as an idle pool
             s.desired = 0  # (down to min_workers, one a cooldown at a time)

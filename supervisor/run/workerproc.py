@@ -8,8 +8,9 @@ loop. States::
         │                 │                │
         └─────────────────┴──── exit ──────┴──> gone (reaped; the pool decides on a new one)
 
-A busy worker holds ``job`` (the one it runs, or is about to) and, when the pool pipelines,
-``queued``: jobs sent behind it, not started, run in order. A result promotes the next.
+A busy worker holds ``running`` (the jobs it runs: one, or up to ``slots`` in a pool with
+slots, workers/slots.py; ``job`` is the oldest) and, when the pool pipelines, ``queued``: jobs
+sent behind it, not started, run in order. A result promotes the next.
 
 Every field is owned by the supervisor's main thread.
 """
@@ -65,7 +66,8 @@ class WorkerHandle:
     sock: socket.socket
     spawned_at: float
     state: WorkerState = WorkerState.STARTING
-    job: InFlight | None = None  # the job it runs (or starts next)
+    running: dict[int, InFlight] = field(default_factory=dict)  # by job id, oldest first
+    slots: int = 1  # jobs it runs at once (workers/slots.py)
     queued: deque[InFlight] = field(default_factory=deque)  # sent behind ``job``, not started
     queued_bytes: int = 0  # frame bytes of ``queued``: bounded so a send never waits on them
     kill_reason: KillReason | None = None
@@ -82,6 +84,11 @@ class WorkerHandle:
     cancel_slot: protocol.CancelSlot | None = None
 
     @property
+    def job(self) -> InFlight | None:
+        """The oldest job it runs (the only one, but in a pool with slots), or None."""
+        return next(iter(self.running.values()), None)
+
+    @property
     def fd(self) -> int:
         return self.sock.fileno()
 
@@ -91,12 +98,11 @@ class WorkerHandle:
 
     def held(self) -> int:
         """Jobs sent to this worker and not finished: the current one and those queued."""
-        return (self.job is not None) + len(self.queued)
+        return len(self.running) + len(self.queued)
 
     def jobs(self) -> Iterator[InFlight]:
-        """The current job, then the queued ones."""
-        if self.job is not None:
-            yield self.job
+        """The running jobs, then the queued ones."""
+        yield from self.running.values()
         yield from self.queued
 
     def room(self, depth: int, max_jobs: int | None) -> int:
@@ -108,9 +114,9 @@ class WorkerHandle:
         return limit - self.held()
 
     def take(self, job: InFlight, size: int, now: float, timeout: float) -> None:
-        """Record a job just sent (``size`` bytes of frame): it becomes current if there is
-        none, else it queues."""
-        if self.job is None:
+        """Record a job just sent (``size`` bytes of frame): it runs if a slot is free, else
+        it queues."""
+        if len(self.running) < self.slots:
             self.start(job, now, timeout)
         else:
             job.deadline = math.inf
@@ -119,27 +125,30 @@ class WorkerHandle:
             self.queued_bytes += size
 
     def start(self, job: InFlight, now: float, timeout: float) -> None:
-        """``job`` becomes the current one, its timeout counted from now."""
+        """``job`` runs, its timeout counted from now."""
         job.started, job.deadline = now, now + timeout
-        self.job = job
+        self.running[job.claimed.job_id] = job
         self.state = WorkerState.BUSY if self.state == WorkerState.IDLE else self.state
 
-    def finished(self, now: float, timeout: float) -> None:
-        """The current job ended (a result, or handed back): the next queued one starts."""
-        self.job = None
+    def finished(self, now: float, timeout: float, job_id: int | None = None) -> None:
+        """A running job ended (a result, or handed back; ``job_id``, else the oldest): the
+        next queued one starts."""
+        if job_id is None:
+            job_id = next(iter(self.running), None)
+        self.running.pop(job_id, None)  # type: ignore[arg-type]
         self.soft_signalled_at = None
         if self.queued:
             job = self.queued.popleft()
             self.queued_bytes -= job.size
             self.start(job, now, timeout)
-        elif self.state == WorkerState.BUSY:
+        elif self.state == WorkerState.BUSY and not self.running:
             self.state = WorkerState.IDLE
 
     def returned(self, job_id: int, now: float, timeout: float) -> InFlight | None:
         """The worker handed ``job_id`` back unstarted (``Returned``): forget it here."""
-        if self.job is not None and self.job.claimed.job_id == job_id:
-            job = self.job
-            self.finished(now, timeout)
+        job = self.running.get(job_id)
+        if job is not None:
+            self.finished(now, timeout, job_id)
             return job
         for job in self.queued:
             if job.claimed.job_id == job_id:
@@ -194,13 +203,17 @@ class WorkerHandle:
             os.kill(self.pid, protocol.CANCEL_SIGNAL)
 
     def record_kill(self, reason: KillReason, now: float) -> None:
-        """Record why this worker dies, the job that is about (the one it runs now) and when:
-        the one place a kill is booked, whether the parent kills (``kill``) or the kernel
-        already did (memcg, noticed at reap). The first reason sticks: it decides what
-        happens to the job."""
+        """Record why this worker dies, the job that is about (``reason.job_id``, else the one
+        it runs now, the oldest) and when: the one place a kill is booked, whether the parent
+        kills (``kill``) or the kernel already did (memcg, noticed at reap). The first
+        reason sticks: it decides what happens to the jobs (the target's fate; the others
+        are released, exits.py)."""
         if self.kill_reason is None:
             self.kill_reason = reason
-            self.kill_target = self.job.claimed.job_id if self.job else None
+            target = reason.job_id
+            if target is None and self.job is not None:
+                target = self.job.claimed.job_id
+            self.kill_target = target
             self.killed_at = now
         self.state = WorkerState.STOPPING
 
@@ -287,4 +300,5 @@ def fork_worker(spec: WorkerSpec, *, now: float, child_cleanup: Callable[[], Non
         sock=parent_end,
         spawned_at=now,
         cancel_slot=cancel_slot,
+        slots=spec.slots,
     )

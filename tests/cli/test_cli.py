@@ -334,3 +334,21 @@ def test_enqueue_wait_refuses_a_bad_timeout_and_writes_nothing(config, db_url):
         assert store.list_jobs() == []
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["check"], ["start"], ["enqueue", "a"], ["jobs"], ["status", "--once"], ["dlq", "list"]],
+)
+def test_slots_on_a_cpu_pool_exit_2_from_every_command(tmp_path, command):
+    bad = tmp_path / "fleet.toml"
+    bad.write_text(
+        f'[fleet]\ndatabase = "sqlite:///{tmp_path}/x.db"\n'
+        '[pools.p]\nhandlers = { a = "m:f" }\nslots = 8\n'
+    )
+    out = CliRunner().invoke(main, [*command, "-c", str(bad)])
+    assert out.exit_code == 2, out.output
+    line = f'{bad}: pools.p.slots: 8 needs bound = "io" (a cpu pool runs one job per worker)'
+    assert out.output.strip().endswith(line)
+    assert len(out.output.strip().splitlines()) == 1
+    assert not (tmp_path / "x.db").exists()  # nothing written

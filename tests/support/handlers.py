@@ -335,3 +335,51 @@ def fail_while(payload: Payload) -> str:
     if os.path.exists(payload["flag"]):
         raise RuntimeError(f"{payload['flag']} is still there")
     return "fixed"
+
+
+# ---- slots (workers/slots.py) ----
+
+
+def slot_sleep(payload: Payload) -> dict[str, Any]:
+    """Sleep ``seconds`` (``first_seconds`` on the first attempt, when given); say which
+    worker and job ran it, as ``current_job()`` sees it in its slot."""
+    seconds = float(payload.get("seconds", 1.0))
+    if current_job().attempt == 1 and "first_seconds" in payload:
+        seconds = float(payload["first_seconds"])
+    time.sleep(seconds)
+    ctx = current_job()
+    return {"pid": os.getpid(), "job": ctx.id, "attempt": ctx.attempt}
+
+
+async def async_sleep(payload: Payload) -> dict[str, Any]:
+    """``slot_sleep`` as an ``async def`` handler (a task on the worker's event loop)."""
+    import asyncio
+
+    seconds = float(payload.get("seconds", 1.0))
+    if current_job().attempt == 1 and "first_seconds" in payload:
+        seconds = float(payload["first_seconds"])
+    await asyncio.sleep(seconds)
+    ctx = current_job()
+    return {"pid": os.getpid(), "job": ctx.id, "attempt": ctx.attempt}
+
+
+async def async_stubborn(payload: Payload) -> None:
+    """An ``async def`` handler that swallows every cancellation and keeps waiting: only
+    the supervisor's kill ends it."""
+    import asyncio
+
+    while True:
+        try:
+            await asyncio.sleep(1000)
+        except asyncio.CancelledError:
+            continue
+
+
+def slot_cancel_wait(payload: Payload) -> dict[str, Any]:
+    """Wait until ``current_job().cancel_requested`` (then return), at most ``seconds``."""
+    end = time.monotonic() + float(payload.get("seconds", 30.0))
+    while time.monotonic() < end:
+        if current_job().cancel_requested:
+            return {"stopped": True}
+        time.sleep(0.01)
+    return {"stopped": False}

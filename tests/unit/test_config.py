@@ -486,7 +486,7 @@ def test_unknown_pool_keys(tmp_path: Path, line: str, key: str, suggestion: str 
     message = error(tmp_path, BULK + line + "\n")
     assert message.startswith(f"{key}: unknown key (")
     assert "known: handlers, min_workers, max_workers, " in message
-    assert "nproc_limit, private_shm, end_job_tree)" in message
+    assert "nproc_limit, private_shm, end_job_tree, " in message
     if suggestion:
         assert f"did you mean {suggestion!r}?" in message
     else:
@@ -685,3 +685,33 @@ def test_schedule_values_at_the_database_s_limits(tmp_path: Path) -> None:
     message = error(tmp_path, named.replace(name, name + "n"))
     assert message.startswith("schedules: 'nnnnnnnnnnnnnnnnnnnn'... is 201 characters long")
     assert "at most 200" in message and "\n" not in message
+
+
+# ---- slots ----
+
+
+def test_slots_default_to_one_and_io_pools_take_more(tmp_path: Path) -> None:
+    assert bulk(tmp_path, "").slots == 1
+    assert bulk(tmp_path, 'bound = "io"\nslots = 20').slots == 20
+
+
+@pytest.mark.parametrize(
+    ("lines", "fragments"),
+    [
+        ("slots = 4", ['pools.bulk.slots: 4 needs bound = "io"']),
+        ('bound = "io"\nslots = 0', ["pools.bulk.slots"]),
+        ('bound = "io"\nslots = 2\nsoft_timeout = "1s"', ["pools.bulk.slots: 2 cannot raise"]),
+    ],
+)
+def test_slots_errors(tmp_path: Path, lines: str, fragments: list[str]) -> None:
+    text = f'[pools.bulk]\nhandlers = {{ x = "m:f" }}\n{lines}\n'
+    message = error(tmp_path, text)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_slots_refuse_command_handlers(tmp_path: Path) -> None:
+    text = '[pools.bulk]\nhandlers = { x = { command = ["true"] } }\nbound = "io"\nslots = 3\n'
+    message = error(tmp_path, text)
+    assert "pools.bulk.slots: 3 cannot run command handlers (x)" in message

@@ -44,7 +44,7 @@ def worker(pid: int, state: str = "busy", job_id: int | None = 7) -> WorkerHandl
     w = WorkerHandle(pool="p", slot=1, pid=pid, sock=socket.socketpair()[0], spawned_at=0.0)
     w.state = state
     if job_id is not None:
-        w.job = SimpleNamespace(claimed=SimpleNamespace(job_id=job_id))  # type: ignore[assignment]
+        w.running[job_id] = SimpleNamespace(claimed=SimpleNamespace(job_id=job_id))  # type: ignore[assignment]
     return w
 
 

@@ -440,3 +440,24 @@ def test_the_view_shows_a_paused_pool_and_cancelled_jobs() -> None:
     console.print(render(view([Pause("bulk", None, 1_799_999_000.0)]), 80, 24))
     text = console.export_text()
     assert "PAUSED" in text and "3 cancelled" in text and "fleetd resume" in text
+
+
+# ---- slots: concurrency counts jobs ---------------------------------------------------------
+
+
+def test_jobs_running_count_slots_not_workers() -> None:
+    w = (
+        worker("bulk", 1, "busy", running=20, slots=20),
+        worker("bulk", 2, "busy", running=15, slots=20),
+        worker("bulk", 3, "idle", slots=20),
+    )
+    snap = snapshot(pool(workers=w, slots=20))
+    assert snap.pools["bulk"].running == 35
+    samples = scrape(snap)
+    assert [s.value for s in samples["fleetd_jobs_running"]] == [35.0]
+    busy = [s for s in samples["fleetd_workers"] if s.labels["state"] == "busy"]
+    assert busy[0].value == 2.0  # processes, beside the jobs
+    back = FleetSnapshot.from_json(snap.to_json())  # the node row keeps them
+    assert back.pools["bulk"].running == 35 and back.pools["bulk"].slots == 20
+    text = capture(view(row(snap)), 160)
+    assert "2 busy 1 idle /3 · 35/60 slots" in text, text

@@ -59,9 +59,10 @@ def _cmdline(pid: int) -> bytes:
 class Worker:
     """A forked worker and the parent's end of its connection."""
 
-    def __init__(self, **spec: Any) -> None:
+    def __init__(self, cancel_slot: protocol.CancelSlot | None = None, **spec: Any) -> None:
         spec.setdefault("parent_pid", os.getpid())
-        self.spec = WorkerSpec(pool="test", slot=1, handlers=HANDLERS, **spec)
+        spec.setdefault("handlers", HANDLERS)
+        self.spec = WorkerSpec(pool="test", slot=1, **spec)
         parent, child = socket.socketpair()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -69,7 +70,7 @@ class Worker:
         if self.pid == 0:  # pragma: no cover - the child ends in os._exit
             try:
                 parent.close()
-                main(child.fileno(), self.spec)
+                main(child.fileno(), self.spec, cancel_slot)
             finally:
                 os._exit(99)
         child.close()
