@@ -46,6 +46,7 @@ from supervisor.run.storecalls import claimed_job
 from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, RETIME, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
+from supervisor.store.rated import RatedRows
 from supervisor.units import format_duration
 from workers import exitcodes, protocol
 
@@ -136,6 +137,8 @@ class Dispatcher:
         one claim serves many jobs. One claim per pool is in flight at a time."""
         if pool.name in self.claiming or pool.paused:  # paused: nothing of it starts
             return
+        if now < pool.rate_gate():  # no token yet: the reply of the last claim said when
+            return
         if not any(w.state != WorkerState.STOPPING for w in pool.workers.values()):
             return  # no worker could run what is claimed (none yet, or all stopping)
         depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
@@ -162,6 +165,7 @@ class Dispatcher:
             and pool.empty_claims > 0
             and getattr(self.link, "arms_claims", False)
             and not pool.limits.capped
+            and pool.rate is None
             and not self.draining
         )
         if now < pool.next_poll_at and not arm:
@@ -180,6 +184,12 @@ class Dispatcher:
             "budget": _budget(c.retry_budget),
         }
         self.claiming.add(pool.name)
+        if pool.rate is not None:  # the store spends its tokens; kinds without one wait
+            claim.update(kinds=pool.rate_kinds(now), rate=pool.rate)
+            self.link.submit(
+                "claim_rated", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
+            )
+            return
         if arm:
             self.armed.add(pool.name)
             wait = min(pool.next_poll_at, due[0] if due else math.inf) - now
@@ -203,7 +213,10 @@ class Dispatcher:
             self.health.failed(now, "claim", reply.error)
             return
         self.health.ok()
-        got = [claimed_job(row) for row in reply.value]
+        rows = reply.value
+        if isinstance(rows, RatedRows):
+            rows = self._rate_reply(pool, rows, now)
+        got = [claimed_job(row) for row in rows]
         expires = reply.started + pool.config.lease  # the lease runs out no earlier
         # an armed claim was sized when it was armed: by its reply the pool may have no
         # worker left (scaled to zero, its last one dead); what nobody can run goes back
@@ -220,6 +233,9 @@ class Dispatcher:
                 self.counters.redeliveries[pool.name] += 1
         pool.empty_claims = 0 if len(got) == want else pool.empty_claims + 1
         pool.next_poll_at = now + (0.0 if len(got) == want else poll_delay(pool.empty_claims))
+        if pool.rate_held:  # work waits for a token: claim when it is due, not at a slow poll
+            pool.empty_claims = 0
+            pool.next_poll_at = pool.rate_gate()
         due = self.retries_due[pool.name]
         if due:
             pool.next_poll_at = min(pool.next_poll_at, due[0])
@@ -228,6 +244,15 @@ class Dispatcher:
             pool.next_poll_at = 0.0
         if got and not self.draining:
             self.assign(pool, now)  # at once: the reply came between two passes
+
+    @staticmethod
+    def _rate_reply(pool: Pool, reply: RatedRows, now: float) -> list[Any]:
+        """Note when the pool's and its kinds' next tokens are due (no claim before) and
+        whether the rate held work back; the jobs claimed."""
+        pool.rate_held_until = now + reply.wait if reply.wait is not None else 0.0
+        pool.kind_held_until = {kind: now + wait for kind, wait in reply.kind_waits.items()}
+        pool.rate_held = reply.held
+        return reply.rows
 
     def assign(self, pool: Pool, now: float) -> None:
         """Send buffered jobs to workers with room, the least loaded first, in claim order.
