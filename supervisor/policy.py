@@ -155,6 +155,12 @@ class PoolSizing:
     # bytes of a worker's RSS that every worker of the pool shares (the pages inherited at
     # fork, measured: workers.tree.memory_split): counted once per pool, not per worker
     shared: int = 0
+    # a rate limit's ceiling (``rate_ceiling``): jobs per second fleet-wide, the measured
+    # mean service time (None: none yet), the planned utilization, the live nodes sharing it
+    rate_limit: float | None = None
+    service_time: float | None = None
+    utilization: float = 0.7
+    nodes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +169,7 @@ class Ceiling:
 
     pool: str
     value: int
-    binding: str  # "max_workers", "cpu", "memory" or "max_inflight"
+    binding: str  # "max_workers", "cpu", "memory", "max_inflight" or "rate"
     max_workers: int
     cpu: int | None  # None for io-bound pools
     memory: int
@@ -173,6 +179,7 @@ class Ceiling:
     memory_share: int  # bytes of the fleet's memory budget this pool may use
     shared: int = 0  # the pool's shared baseline, counted once in its share
     per_worker: int = 0  # what one more worker costs: peak per job less the shared baseline
+    rate: int | None = None  # the workers a rate_limit keeps busy here (None: no figure)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -215,11 +222,13 @@ def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dic
         cpu = max(1, cores * p.max_workers // cpu_demand) if p.bound == "cpu" else None
         share = memory_budget * (p.shared + p.max_workers * cost) // mem_demand
         memory = max(1, (share - p.shared) // cost)
+        rate = rate_ceiling(p.rate_limit, p.service_time, p.utilization, p.nodes)
         figures = {
             "max_workers": p.max_workers,
             "cpu": cpu,
             "memory": memory,
             "max_inflight": p.max_inflight,
+            "rate": rate,
         }
         binding = min((v, k) for k, v in figures.items() if v is not None)[1]
         out[p.name] = Ceiling(
@@ -235,8 +244,29 @@ def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dic
             share,
             p.shared,
             cost,
+            rate,
         )
     return out
+
+
+def rate_ceiling(
+    rate: float | None, service_time: float | None, utilization: float, nodes: int
+) -> int | None:
+    """The workers a downstream's rate limit keeps busy, this host's share: Little's law,
+    rate × service time / utilization (the seed: an API allowing 50 requests/s has a fixed
+    concurrency ceiling whatever the backlog). More workers would only wait for tokens. None
+    without a rate or before a service time is measured.
+
+    >>> rate_ceiling(50.0, 0.2, 0.7, 1)   # 50/s × 200 ms / 0.7 = 14.3
+    15
+    >>> rate_ceiling(50.0, 0.2, 0.7, 2)   # two live nodes share it
+    8
+    >>> rate_ceiling(10.0, 0.001, 0.7, 1), rate_ceiling(50.0, None, 0.7, 1)
+    (1, None)
+    """
+    if rate is None or service_time is None:
+        return None
+    return max(1, host_share(math.ceil(rate * service_time / utilization - 1e-9), nodes))
 
 
 MIN_WORKER_COST = 1 << 20  # bytes: a worker never plans at less than this

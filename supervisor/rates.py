@@ -143,8 +143,10 @@ def allow(
 @dataclass(frozen=True, slots=True)
 class Spent:
     """After a claim: each bucket's new level, the seconds until the pool's next token
-    (None: it has one), those until each drained kind's, and whether the rate held back a job
-    that was ready (``held``: the claim took all it was allowed and wanted more)."""
+    (None: it has one), those until each drained kind's, and whether the rate holds work
+    back (``held``: the claim took all it was allowed and wanted more, or spent a bucket's
+    last whole token: a job still ready must wait for the next; whether one is, the backlog
+    says, and the status view shows "held by rate" only with a backlog)."""
 
     levels: dict[str, float]
     wait: float | None
@@ -189,4 +191,6 @@ def after(
     kind_bound = total < allowance.n and any(
         taken.get(k, 0) >= t for k, t in allowance.kind_tokens.items()
     )
-    return Spent(new, wait, kind_waits, pool_bound or kind_bound or ready_left_out)
+    # a claim that spent the last whole token: the next job, if one waits, waits for a token
+    drained = (total > 0 and wait is not None) or any(taken.get(k) for k in kind_waits)
+    return Spent(new, wait, kind_waits, pool_bound or kind_bound or drained or ready_left_out)

@@ -129,6 +129,10 @@ class Scaler:
             history.peaks,
             c.max_inflight,
             pool.shared_baseline or 0,
+            c.rate_limit,
+            statistics.fmean(history.durations) if history.durations else None,
+            c.utilization,
+            self.live_nodes,
         )
 
     def _decide(

@@ -143,6 +143,14 @@ def test_a_rate_held_pool_waits_for_its_token_without_spinning(fleet: Harness) -
 
     view = eventually(held, timeout=20)
     assert view["rate_limit"] == 2.0
+
+    def bound_by_rate() -> dict | None:
+        pool = held()
+        return pool if pool and pool["binding"] == "rate" else None
+
+    # no-op jobs at 2/s keep a fraction of a worker busy: the scaler's ceiling is the rate's
+    view = eventually(bound_by_rate, timeout=30)
+    assert view["ceiling"] == 1
     procs = [psutil.Process(sup.pid)] + [
         p for p in sup.track() if p.ppid() == sup.pid and p.name().startswith("fleetd: store")
     ]
