@@ -163,8 +163,7 @@ def after(
     ready_left_out: bool,
 ) -> Spent:
     """Spend what the claim took (``taken``: jobs per kind) from ``levels``. ``ready_left_out``:
-    a ready job of a kind the allowance left out, or of any kind when it allowed none (the
-    store probes for one only then).
+    a ready job may wait because the allowance left it out (the store's ``_held_back``).
 
     >>> limit = RateLimit(Bucket(10, 10))
     >>> after(limit, {"": 3.5}, Allowance(3, ("a",), {}), 8, {"a": 3}, False)

@@ -17,8 +17,8 @@ true until it has spent from them, on every host:
    token is due, which the reply carries so the dispatcher's next claim waits for it.
 
 Cost: a few primary-key reads and writes on top of the claim, whatever the backlog (the one
-extra read, a probe for any ready job when the tokens allowed none, stops at the first index
-entry). A pool without rate limits never comes here.
+extra read, a probe for any ready job of the claimed kinds when the tokens allowed none, stops
+at the first ready entry of the claim's index). A pool without rate limits never comes here.
 """
 
 from __future__ import annotations
@@ -118,8 +118,7 @@ class RatedClaims:
             allowance = rates.allow(rate, levels, n, kinds)
             with self._one_now(now):  # the jobs start at the time the tokens were counted
                 rows = self._rated_rows(conn, pool, allowance, node, lease, limits, budget)
-                left_out = set(kinds) - set(allowance.kinds) if allowance.n else set(kinds)
-                ready = bool(left_out) and self._any_ready(conn, pool, left_out)
+                ready = self._held_back(conn, pool, kinds, allowance, n, len(rows))
             taken = Counter(r[KIND] for r in rows)
             spent = rates.after(rate, levels, allowance, n, taken, ready)
             if rows:  # nothing spent: the stored rows still say the same (refill is computed)
@@ -157,6 +156,24 @@ class RatedClaims:
             self._budgets.count_deliveries(conn, pool, budget, len(rows), rows[0][CLAIMED_AT])
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
+
+    def _held_back(
+        self,
+        conn: Connection,
+        pool: str,
+        kinds: Collection[str],
+        allowance: rates.Allowance,
+        n: int,
+        taken: int,
+    ) -> bool:
+        """Whether a ready job may wait because the allowance left it out. When it allowed
+        nothing: one probe for a ready job of ``kinds`` (the first entry of the claim's index
+        answers). When it left some kinds out and the claim came back short: assumed (a probe
+        for one kind could walk every queued row of the others: no index leads with kind; the
+        status view shows "held by rate" only with a backlog)."""
+        if allowance.n <= 0 or not allowance.kinds:
+            return self._any_ready(conn, pool, kinds)
+        return len(allowance.kinds) < len(kinds) and taken < n
 
     def _any_ready(self, conn: Connection, pool: str, kinds: Collection[str]) -> bool:
         """Whether a job of ``kinds`` is ready in ``pool`` (the first index entry answers)."""
