@@ -12,14 +12,17 @@ once. On PostgreSQL an idle pool arms its claim in the store process, which runs
 NOTIFY names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and ``DISARM`` adjust it).
 
 Claims pass the pool's fleet-wide caps (``ClaimLimits``) and retry budget to the store, which
-enforces both for every host at once; failures carry the budget too. Claims are sized by the
-workers' room (an idle worker; for a pool of short jobs, what its pipeline may still hold, see
-``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's adaptive poll is
-due, or a retry of a job this node failed becomes due (so retries keep their backoff instead of
-waiting for an idle pool's slow poll). Results are written in batches: failures and releases on
-the pass that saw them, acks up to ``ACK_WAIT`` later. When the store is unreachable every
-write stays in the outbox and is retried with backoff; nothing is dropped. Owned by the
-supervisor's main thread.
+enforces both for every host at once; failures carry the budget too. A pool with rate limits
+claims through ``claim_rated`` (supervisor/store/rated.py), which spends its token buckets and
+says when the next token is due: no claim of that pool (or of a drained kind) goes out before
+then, whatever wakes it (``Pool.rate_gate``), so a rate-held backlog costs no polling. Claims
+are sized by the workers' room (an idle worker; for a pool of short jobs, what its pipeline may
+still hold, see ``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's
+adaptive poll is due, or a retry of a job this node failed becomes due (so retries keep their
+backoff instead of waiting for an idle pool's slow poll). Results are written in batches:
+failures and releases on the pass that saw them, acks up to ``ACK_WAIT`` later. When the store
+is unreachable every write stays in the outbox and is retried with backoff; nothing is dropped.
+Owned by the supervisor's main thread.
 """
 
 from __future__ import annotations
