@@ -188,7 +188,8 @@ class Dispatcher:
         }
         self.claiming.add(pool.name)
         if pool.rate is not None:  # the store spends its tokens; kinds without one wait
-            claim.update(kinds=pool.rate_kinds(now), rate=pool.rate)
+            pool.rate_asked = pool.rate_kinds(now)
+            claim.update(kinds=pool.rate_asked, rate=pool.rate)
             self.link.submit(
                 "claim_rated", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
             )
@@ -238,7 +239,7 @@ class Dispatcher:
         pool.next_poll_at = now + (0.0 if len(got) == want else poll_delay(pool.empty_claims))
         if pool.rate_held:  # work waits for a token: claim when it is due, not at a slow poll
             pool.empty_claims = 0
-            pool.next_poll_at = pool.rate_gate()
+            pool.next_poll_at = pool.rate_wake(now)
         due = self.retries_due[pool.name]
         if due:
             pool.next_poll_at = min(pool.next_poll_at, due[0])
@@ -253,8 +254,13 @@ class Dispatcher:
         """Note when the pool's and its kinds' next tokens are due (no claim before) and
         whether the rate held work back; the jobs claimed."""
         pool.rate_held_until = now + reply.wait if reply.wait is not None else 0.0
-        pool.kind_held_until = {kind: now + wait for kind, wait in reply.kind_waits.items()}
-        pool.rate_held = reply.held
+        # a kind this claim left out (its token not yet due) keeps its wait, and the work it
+        # holds back is still held: a claim of the other kinds says nothing of it
+        left_out = {k: t for k, t in pool.kind_held_until.items() if t > now}
+        for kind in pool.rate_asked:
+            left_out.pop(kind, None)
+        pool.kind_held_until = left_out | {k: now + w for k, w in reply.kind_waits.items()}
+        pool.rate_held = reply.held or bool(left_out)
         return reply.rows
 
     def assign(self, pool: Pool, now: float) -> None:

@@ -61,6 +61,7 @@ class Pool:
     rate_held_until: float = 0.0
     kind_held_until: dict[str, float] = field(default_factory=dict)
     rate_held: bool = False
+    rate_asked: set[str] = field(default_factory=set)  # the kinds of the rated claim in flight
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -108,6 +109,13 @@ class Pool:
             return 0.0
         kinds = min((self.kind_held_until.get(k, 0.0) for k in self.claimable), default=0.0)
         return max(self.rate_held_until, kinds)
+
+    def rate_wake(self, now: float) -> float:
+        """When a rate-held pool should claim next (monotonic): its next token, or, when only
+        kinds are held, the first of their next tokens. Not ``rate_gate``: a kind without a
+        limit opens that gate at once, and a claim of it alone would only find it empty."""
+        held = [t for t in self.kind_held_until.values() if t > now]
+        return max(self.rate_held_until, min(held, default=self.rate_held_until))
 
     def rate_kinds(self, now: float) -> set[str]:
         """The claimable kinds whose rate has a token now."""

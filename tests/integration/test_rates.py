@@ -167,3 +167,44 @@ def test_a_rate_held_pool_waits_for_its_token_without_spinning(fleet: Harness) -
     assert used < 0.25 * wall, f"{used:.2f}s of CPU in {wall:.1f}s while rate-held"
     assert 4 <= done <= 2 * wall + 2, f"{done} jobs in {wall:.1f}s at 2/s"
     print(f"rate-held with a backlog: {used:.3f}s CPU in {wall:.1f}s ({done} jobs done)")
+
+
+def test_a_kind_held_pool_with_another_kind_waits_without_spinning(fleet: Harness) -> None:
+    """Only a kind is limited and the pool has another kind with nothing queued: the held
+    kind's backlog must not make the dispatcher claim the other kind again at once (and so
+    forget when the held kind's token is due) pass after pass."""
+    fleet.configure(
+        {
+            "api": {
+                "handlers": handlers("noop", "echo"),
+                "bound": "io",
+                "min_workers": 2,
+                "max_workers": 2,
+                "kind_rate_limit": {"echo": "2/s"},
+            }
+        }
+    )
+    sup = fleet.start("node-a")
+    sup.wait_workers(fleet.store, "api", 2)
+    assert fleet.client is not None
+    ids = fleet.client.enqueue_many([("echo", {}) for _ in range(200)])
+
+    def held() -> dict | None:
+        snap = sup.snapshot(fleet.store)
+        pool = (snap or {}).get("pools", {}).get("api", {})
+        return pool if pool.get("rate_held") else None
+
+    eventually(lambda: any(j.state is JobState.DONE for j in fleet.jobs(ids)), timeout=20)
+    procs = [psutil.Process(sup.pid)] + [
+        p for p in sup.track() if p.ppid() == sup.pid and p.name().startswith("fleetd: store")
+    ]
+    t0, cpu0 = time.monotonic(), sum(sum(p.cpu_times()[:2]) for p in procs)
+    done0 = sum(1 for j in fleet.jobs(ids) if j.state is JobState.DONE)
+    time.sleep(4.0)  # a measurement window, not a wait for an event
+    used = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+    wall = time.monotonic() - t0
+    done = sum(1 for j in fleet.jobs(ids) if j.state is JobState.DONE) - done0
+    assert used < 0.25 * wall, f"{used:.2f}s of CPU in {wall:.1f}s while kind-held"
+    assert 4 <= done <= 2 * wall + 2, f"{done} jobs in {wall:.1f}s at 2/s"
+    assert eventually(held, timeout=5), "held by rate shows while the kind's backlog waits"
+    print(f"kind-held with a backlog: {used:.3f}s CPU in {wall:.1f}s ({done} jobs done)")
