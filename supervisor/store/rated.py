@@ -122,7 +122,7 @@ class RatedClaims:
             taken = Counter(r[KIND] for r in rows)
             spent = rates.after(rate, levels, allowance, n, taken, ready)
             if rows:  # nothing spent: the stored rows still say the same (refill is computed)
-                self._write_buckets(conn, pool, spent.levels, now)
+                self._write_buckets(conn, pool, spent.levels, now, stored)
         return RatedRows(rows, spent.wait, spent.kind_waits, spent.held)
 
     def _rated_rows(
@@ -181,10 +181,25 @@ class RatedClaims:
         return self._exec(conn, self._ready_stmt, params).first() is not None
 
     def _write_buckets(
-        self, conn: Connection, pool: str, levels: dict[str, float], now: float
+        self,
+        conn: Connection,
+        pool: str,
+        levels: dict[str, float],
+        now: float,
+        stored: dict[str, tuple[float, float]],
     ) -> None:
+        """Write the new levels, each counted at the later of ``now`` and its last count. A
+        claim's now can be earlier (a clock stepped back; on PostgreSQL ``now()`` is when the
+        transaction began, before it waited for the pool's lock while another host's claim
+        counted): ``Bucket.level`` refilled nothing for it, and writing the earlier time would
+        let the next claim refill those seconds a second time."""
         values = [
-            {"pool": pool, "kind": key, "tokens": level, "counted_at": now}
+            {
+                "pool": pool,
+                "kind": key,
+                "tokens": level,
+                "counted_at": max(now, stored[key][1]) if key in stored else now,
+            }
             for key, level in levels.items()
         ]
         if values:

@@ -130,3 +130,22 @@ def _kind(row) -> str:
 
 def _tenant(row) -> str | None:
     return _claimed(row).tenant
+
+
+def test_a_claim_whose_clock_reads_earlier_than_the_last_count_refills_nothing_twice(store, clock):
+    """A claim's "now" can read earlier than the bucket's last count: a wall clock stepped
+    back, or, on PostgreSQL, ``now()`` (the transaction's start) of a claim that waited for
+    the pool's lock while another host's claim counted later. The bucket keeps its later
+    count: the seconds between are refilled once, not again by the next claim."""
+    one = RateLimit(Bucket(1.0, 2.0))
+    counted = clock.now()
+    clock._now = counted - 1.0
+    store.enqueue_many([job() for _ in range(10)])  # ready before the clock's step back
+    clock._now = counted
+    assert len(claim(store, 1, rate=one).rows) == 1  # a new bucket: 2 tokens, 1 left
+    clock._now -= 1.0  # the clock steps back a second
+    assert len(claim(store, 1, rate=one).rows) == 1  # the last token: 0 left
+    tokens, at = store.rate_levels("bulk")[""]
+    assert tokens == pytest.approx(0.0) and at == pytest.approx(counted)
+    clock._now = counted  # back where the bucket was last counted: no time has passed
+    assert claim(store, 1, rate=one).rows == [], "3 jobs started where the burst is 2"
