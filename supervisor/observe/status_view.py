@@ -27,6 +27,7 @@ from supervisor.model import iso
 from supervisor.observe.fleetview import FleetView, NodeView, PoolSummary, WorkerRow
 from supervisor.observe.health import wedged
 from supervisor.observe.snapshot import PoolView
+from supervisor.units import format_rate
 
 WIDE = 120
 LEVEL_STYLE = {"green": "green", "amber": "yellow", "red": "bold red"}
@@ -137,7 +138,10 @@ def _backlog(p: PoolSummary, held: bool = False) -> str:
 
 def _held_by_rate(p: PoolSummary) -> str:
     """The note of a pool whose ready jobs wait for rate-limit tokens (80 columns)."""
-    limit = f" ({rate(p.rate_limit)} fleet-wide)" if p.rate_limit is not None else " (a kind's)"
+    # the limit as configured ("1/h", "600/m"): per second it would read "0.0/s"
+    limit = (
+        f" ({format_rate(p.rate_limit)} fleet-wide)" if p.rate_limit is not None else " (a kind's)"
+    )
     return f"held by rate{limit}"
 
 

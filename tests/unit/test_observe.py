@@ -491,3 +491,13 @@ def test_rate_limits_and_held_are_exported_and_in_the_schema() -> None:
     jsonschema.validate(document, SCHEMA)
     assert document["pools"]["api"]["rate_held"] is True
     assert document["nodes"][0]["snapshot"]["pools"]["api"]["rate_limit"] == 10.0
+
+
+@pytest.mark.parametrize(
+    ("per_second", "shown"), [(1 / 3600, "1/h"), (10 / 60, "10/m"), (50.0, "50/s")]
+)
+def test_held_by_rate_names_the_limit_in_its_own_unit(per_second: float, shown: str) -> None:
+    _, v = rate_held_fleet()
+    v = replace(v, pools=(replace(v.pools[0], rate_limit=per_second),))
+    text = capture(v, 80, 24)
+    assert f"held by rate ({shown} fleet-wide)" in text, text
