@@ -9,10 +9,12 @@ For each engine, on a fresh database:
 In each, cycles of one timed claim of ``n`` = 4 jobs and an untimed release of them (so the
 queue keeps its depth), for: the plain claim (no caps: one statement, SKIP LOCKED); a pool cap
 alone (``max_inflight = 50``); pool and tenant caps (``max_inflight = 50``,
-``tenant_max_inflight = 1``); and a claim that finds the pool full (the common case of a
-downstream-bound pool with a backlog). Statistics are collected first (ANALYZE), as
-autovacuum would on PostgreSQL, so the planners see a real distribution; on PostgreSQL the job
-table is vacuumed before each variant, as the reaper's vacuum keeps it in a running fleet.
+``tenant_max_inflight = 1``); a claim that finds the pool full (the common case of a
+downstream-bound pool with a backlog); and the rate-limited claim (``claim_rated``) with tokens
+to spare, with a kind rate too, and held by an empty bucket. Statistics are collected first
+(ANALYZE), as autovacuum would on PostgreSQL, so the planners see a real distribution; on
+PostgreSQL the job table is vacuumed before each variant, as the reaper's vacuum keeps it in a
+running fleet.
 
 Wall time on a shared machine is noisy, so each result also carries a measure of work that does
 not depend on the machine's load: on SQLite the virtual-machine instructions one claim executes
@@ -41,7 +43,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
-HELP = "claim cost with fleet-wide caps and fair shares, at depth and with many tenants"
+HELP = "claim cost with fleet-wide caps, fair shares and rate limits, at depth and many tenants"
 POSTGRES_ENV = "FLEETD_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1/test"
 POOL, KIND = "bench", "render"
@@ -122,13 +124,21 @@ class _Steps:
 
 
 def _time_claims(
-    store: Any, limits: Any, cycles: int, steps: _Steps | None, n: int = 4
+    store: Any, limits: Any, cycles: int, steps: _Steps | None, n: int = 4, rate: Any = None
 ) -> dict[str, float]:
+    from supervisor.run.storecalls import claimed_job
+
     times, work = [], []
+    claim = {"pool": POOL, "kinds": {KIND}, "n": n, "node": "bench", "lease": 300.0}
     for _ in range(cycles):
         before = steps.count if steps else 0
         start = time.perf_counter()
-        got = store.claim(pool=POOL, kinds={KIND}, n=n, node="bench", lease=300.0, limits=limits)
+        if rate is None:
+            got = store.claim(**claim, limits=limits)
+        else:
+            got = [
+                claimed_job(r) for r in store.claim_rated(**claim, limits=limits, rate=rate).rows
+            ]
         times.append(time.perf_counter() - start)
         work.append(((steps.count if steps else 0) - before) * _Steps.EVERY)
         store.release([c.lease for c in got])  # back in the queue: the depth stays
@@ -196,6 +206,20 @@ def _time_full(store: Any, cycles: int, steps: _Steps | None) -> dict[str, float
     return result
 
 
+def _rates() -> dict[str, Any]:
+    """Rate-limited claims: with tokens to spare (the pool's bucket; a kind's too, which goes
+    through the capped claim's per-kind read), and held (an empty bucket: nothing is taken,
+    a probe says whether a job was ready)."""
+    from supervisor.rates import Bucket, RateLimit
+
+    plenty = Bucket(1e9, 1e9)
+    return {
+        "rate": RateLimit(plenty),
+        "rate + kind rate": RateLimit(plenty, {KIND: plenty}),
+        "rate held": RateLimit(Bucket(1e-9, 1.0)),  # its one token goes on the first claim
+    }
+
+
 def _measure(engine: str, url: str, depth: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     from supervisor.model import ClaimLimits
     from supervisor.store import open_store
@@ -219,6 +243,10 @@ def _measure(engine: str, url: str, depth: int, args: argparse.Namespace) -> lis
                 out.append({**about, "scenario": scenario, "claim": name, **result})
             full = _time_full(store, args.cycles, steps)
             out.append({**about, "scenario": scenario, "claim": "pool full", **full})
+            for name, rate in _rates().items():  # the rate-limited claim (store/rated.py)
+                _vacuum(store)
+                result = _time_claims(store, None, args.cycles, steps, rate=rate)
+                out.append({**about, "scenario": scenario, "claim": name, **result})
     finally:
         store.close()
     return out

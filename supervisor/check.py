@@ -9,12 +9,14 @@ import contextlib
 import os
 import select
 import shutil
+import statistics
 import time
 from typing import Any
 
 from supervisor import host
 from supervisor.clock import SystemClock
 from supervisor.config import FleetConfig, load_config
+from supervisor.errors import FleetdError
 from supervisor.imports import import_handlers
 from supervisor.model import iso
 from supervisor.policy import KillKind, KillReason, PoolSizing, ceilings
@@ -23,8 +25,8 @@ from supervisor.run.exits import describe_status
 from supervisor.run.pool import Pool
 from supervisor.run.workerproc import fork_worker
 from supervisor.schedules import describe
-from supervisor.store import display_url
-from supervisor.units import format_duration, format_size
+from supervisor.store import display_url, open_store
+from supervisor.units import format_duration, format_rate, format_size
 from workers import limits, protocol, tree
 from workers.command import CommandSpec
 
@@ -39,7 +41,8 @@ def plan_for(config_path: str) -> dict[str, Any]:
     budget = config.memory_budget.bytes_of(memory)
     at_rest = {name: measure_at_rest(config, name, handlers[name]) for name in config.pools}
     shared = {name: m["shared"] for name, m in at_rest.items() if m.get("shared") is not None}
-    sizing = _sizing_plan(config, cores, budget, shared)
+    service = measured_service_times(config)
+    sizing = _sizing_plan(config, cores, budget, shared, service)
     return {
         "config": str(config.path),
         "fleet": config.name,
@@ -139,13 +142,52 @@ def _exit_status(pid: int, within: float = 2.0) -> int | None:
     return None
 
 
+SERVICE_WINDOW = 300.0  # seconds of recorded durations fleetd check reads for a rate ceiling
+
+
+def measured_service_times(config: FleetConfig) -> dict[str, dict[str, Any]]:
+    """For each pool with a ``rate_limit``: the mean duration of its jobs done in the last
+    ``SERVICE_WINDOW`` as the database recorded them, or why there is none. The database is
+    only read (not created, not migrated): a queue that does not exist yet has no figure."""
+    rated = [p.name for p in config.pools.values() if p.rate_limit is not None]
+    if not rated:
+        return {}
+    try:
+        store = open_store(config.database, migrate=False, create=False)
+    except FleetdError as exc:
+        return {name: {"seconds": None, "jobs": 0, "why": f"database: {exc}"} for name in rated}
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for name in rated:
+            try:
+                history = store.history(name, window=SERVICE_WINDOW)
+            except FleetdError as exc:
+                out[name] = {"seconds": None, "jobs": 0, "why": f"database: {exc}"}
+                continue
+            durations = history.durations
+            out[name] = {
+                "seconds": statistics.fmean(durations) if durations else None,
+                "jobs": len(durations),
+                "why": None if durations else f"no job done in the last {SERVICE_WINDOW:g}s",
+            }
+    finally:
+        store.close()
+    return out
+
+
 def _sizing_plan(
-    config: FleetConfig, cores: int, budget: int, shared: dict[str, int] | None = None
+    config: FleetConfig,
+    cores: int,
+    budget: int,
+    shared: dict[str, int] | None = None,
+    service: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each pool's ceiling on this host and which constraint binds, planned with the
     configured job_memory (the running supervisor switches to the p99 of measured peaks once
-    enough jobs have run) less the pool's shared baseline, counted once."""
-    shared = shared or {}
+    enough jobs have run) less the pool's shared baseline, counted once; with a rate_limit,
+    the concurrency it allows at the service time the database recorded (``service``), as
+    if this host were the only one."""
+    shared, service = shared or {}, service or {}
     pools = [
         PoolSizing(
             p.name,
@@ -156,7 +198,10 @@ def _sizing_plan(
             (),
             p.max_inflight,
             shared.get(p.name, 0),
-            p.slots,
+            slots=p.slots,
+            rate_limit=p.rate_limit,
+            service_time=service.get(p.name, {}).get("seconds"),
+            utilization=p.utilization,
         )
         for p in config.pools.values()
     ]
@@ -175,6 +220,10 @@ def _sizing_plan(
             "max_inflight": c.max_inflight,
             "latency_target": config.pools[name].latency_target,
             "slots": config.pools[name].slots,
+            "rate": c.rate,
+            "rate_limit": config.pools[name].rate_limit,
+            "utilization": config.pools[name].utilization,
+            "service_time": service.get(name),
         }
     return out
 
@@ -277,8 +326,25 @@ def _render_sizing(s: dict[str, Any]) -> str:
         inflight = f"{inflight} jobs = {-(-s['max_inflight'] // slots)} workers"
     return (
         f"ceiling {s['ceiling']} (bound by {s['binding']}): max_workers {s['max_workers']}, "
-        f"{cpu}, memory {s['memory']} ({_memory_ceiling(s)}), max_inflight {inflight}; "
-        f"scales on oldest-job age, target {format_duration(s['latency_target'])}"
+        f"{cpu}, memory {s['memory']} ({_memory_ceiling(s)}), max_inflight {inflight}"
+        f"{_rate_ceiling(s)}; scales on oldest-job age, target "
+        f"{format_duration(s['latency_target'])}"
+    )
+
+
+def _rate_ceiling(s: dict[str, Any]) -> str:
+    """``, rate 15 (50/s × 200ms measured over 120 jobs / utilization 0.7)``, or why there
+    is no figure yet; nothing for a pool without a rate_limit."""
+    if s.get("rate_limit") is None:
+        return ""
+    limit = format_rate(s["rate_limit"])
+    measured = s.get("service_time") or {}
+    if s.get("rate") is None:
+        why = measured.get("why") or "no service time measured"
+        return f", rate - ({limit}: {why}; the supervisor's scaler measures it as jobs finish)"
+    return (
+        f", rate {s['rate']} ({limit} × {format_duration(measured['seconds'])} mean service "
+        f"time of {measured['jobs']} jobs / utilization {s['utilization']:g})"
     )
 
 

@@ -99,6 +99,13 @@ def _fraction(value: Any) -> float:
     return fraction
 
 
+def _rate(value: Any) -> float:
+    per_second = units.parse_rate(value)
+    if per_second <= 0:
+        raise ValueError(f"{value!r} is zero (expected a rate above zero, {units.RATE_EXPECTED})")
+    return per_second
+
+
 def _count(minimum: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         expected = f"(expected an integer >= {minimum})"
@@ -257,6 +264,10 @@ Handlers = Annotated[
     BeforeValidator(_handler_table),
 ]
 KindCaps = Annotated[dict[str, Positive], BeforeValidator(_kind_table)]
+OptRate = Annotated[float | None, BeforeValidator(_optional(_rate)), _Unit("rate")]
+KindRates = Annotated[
+    dict[str, Annotated[float, BeforeValidator(_rate)]], BeforeValidator(_kind_table)
+]
 
 
 def _key(default: Any, about: str, *, example: Any = None, derived: str = "", **kw: Any) -> Any:
@@ -398,6 +409,22 @@ class PoolConfig(BaseModel):
         example=True,
         derived="true when the pool has a command handler, else false",
     )
+    # ---- rate limits: the downstream's own unit (supervisor/rates.py, store/rated.py) ----
+    rate_limit: OptRate = _key(
+        None,
+        'fleet-wide starts of this pool\'s jobs, all hosts together: "50/s", "600/m", "1000/h"',
+        example="50/s",
+    )
+    kind_rate_limit: KindRates = Field(
+        default_factory=dict,
+        description='fleet-wide starts per kind of this pool, e.g. { enrich = "10/s" }',
+    )
+    rate_burst: OptPositive = _key(
+        None,
+        "jobs rate_limit lets start at once after a quiet spell (a kind's: one second of its rate)",
+        example=50,
+        derived="one second of rate_limit, at least 1",
+    )
 
     # ---- slots: several jobs at once per worker (io pools; workers/slots.py) ----
     slots: Positive = _key(
@@ -453,6 +480,18 @@ class PoolConfig(BaseModel):
                 known = ", ".join(map(repr, self.handlers))
                 message = f"{kind!r} is not a kind of this pool (expected one of {known})"
                 raise _Problem(message, ("kind_max_inflight", kind))
+        return self
+
+    @model_validator(mode="after")
+    def _rates_consistent(self) -> PoolConfig:
+        for kind in self.kind_rate_limit:
+            if kind not in self.handlers:
+                known = ", ".join(map(repr, self.handlers))
+                message = f"{kind!r} is not a kind of this pool (expected one of {known})"
+                raise _Problem(message, ("kind_rate_limit", kind))
+        if self.rate_burst is not None and self.rate_limit is None:
+            message = f"{self.rate_burst!r} is set without a rate (expected rate_limit too)"
+            raise _Problem(message, ("rate_burst",))
         return self
 
     @property
@@ -981,6 +1020,7 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
             **{"lease": "30s", "latency_target": "5s", "retry_backoff_max": "30s"},
             **{"slots": 10, "job_memory": "20MiB"},
             **{"max_inflight": 50, "tenant_max_inflight": 10, "kind_max_inflight": {"enrich": 20}},
+            **{"rate_limit": "50/s", "kind_rate_limit": {"enrich": "10/s"}},
         },
     ),
     "poison": (
@@ -1056,6 +1096,8 @@ def _default(field: Any) -> str:
         value = units.format_duration(value)
     elif unit == "size":
         value = units.format_size(value)
+    elif unit == "rate":
+        value = units.format_rate(value)
     return _literal(value)
 
 

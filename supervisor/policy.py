@@ -158,6 +158,12 @@ class PoolSizing:
     # fork, measured: workers.tree.memory_split): counted once per pool, not per worker
     shared: int = 0
     slots: int = 1  # jobs one worker runs at once (workers/slots.py)
+    # a rate limit's ceiling (``rate_ceiling``): jobs per second fleet-wide, the measured
+    # mean service time (None: none yet), the planned utilization, the live nodes sharing it
+    rate_limit: float | None = None
+    service_time: float | None = None
+    utilization: float = 0.7
+    nodes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +172,7 @@ class Ceiling:
 
     pool: str
     value: int
-    binding: str  # "max_workers", "cpu", "memory" or "max_inflight"
+    binding: str  # "max_workers", "cpu", "memory", "max_inflight" or "rate"
     max_workers: int
     cpu: int | None  # None for io-bound pools
     memory: int
@@ -176,6 +182,7 @@ class Ceiling:
     memory_share: int  # bytes of the fleet's memory budget this pool may use
     shared: int = 0  # the pool's shared baseline, counted once in its share
     per_worker: int = 0  # what one more worker costs: peak per job less the shared baseline
+    rate: int | None = None  # the workers a rate_limit keeps busy here (None: no figure)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -220,12 +227,14 @@ def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dic
         cpu = max(1, cores * p.max_workers // cpu_demand) if p.bound == "cpu" else None
         share = memory_budget * (p.shared + p.max_workers * cost) // mem_demand
         memory = max(1, (share - p.shared) // cost)
+        rate = rate_ceiling(p.rate_limit, p.service_time, p.utilization, p.nodes)
         figures = {
             "max_workers": p.max_workers,
             "cpu": cpu,
             "memory": memory,
             # a fleet-wide cap counts jobs; a worker with slots runs ``slots`` of them
             "max_inflight": desired_workers(p.max_inflight, p.slots) if p.max_inflight else None,
+            "rate": desired_workers(rate, p.slots) if rate else None,
         }
         binding = min((v, k) for k, v in figures.items() if v is not None)[1]
         out[p.name] = Ceiling(
@@ -241,8 +250,30 @@ def ceilings(pools: Sequence[PoolSizing], cores: int, memory_budget: int) -> dic
             share,
             p.shared,
             cost,
+            rate,
         )
     return out
+
+
+def rate_ceiling(
+    rate: float | None, service_time: float | None, utilization: float, nodes: int
+) -> int | None:
+    """The jobs a downstream's rate limit keeps busy at once, this host's share (``ceilings``
+    turns them into workers of ``slots`` each): Little's law,
+    rate × service time / utilization (the seed: an API allowing 50 requests/s has a fixed
+    concurrency ceiling whatever the backlog). More workers would only wait for tokens. None
+    without a rate or before a service time is measured.
+
+    >>> rate_ceiling(50.0, 0.2, 0.7, 1)   # 50/s × 200 ms / 0.7 = 14.3
+    15
+    >>> rate_ceiling(50.0, 0.2, 0.7, 2)   # two live nodes share it
+    8
+    >>> rate_ceiling(10.0, 0.001, 0.7, 1), rate_ceiling(50.0, None, 0.7, 1)
+    (1, None)
+    """
+    if rate is None or service_time is None:
+        return None
+    return max(1, host_share(math.ceil(rate * service_time / utilization - 1e-9), nodes))
 
 
 MIN_WORKER_COST = 1 << 20  # bytes: a worker never plans at less than this

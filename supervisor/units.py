@@ -18,6 +18,7 @@ from typing import Any
 DURATION_EXPECTED = 'e.g. "250ms", "30s", "5m", "1h" or a number of seconds'
 SIZE_EXPECTED = 'e.g. "512MiB", "2GiB", "500MB" or a number of bytes'
 PERCENT_EXPECTED = 'e.g. "80%" or a fraction between 0 and 1'
+RATE_EXPECTED = 'e.g. "50/s", "600/m" or "1000/h"'
 
 # unit -> (multiplier, divisor) in seconds; dividing for "ms" keeps "250ms" exactly 0.25.
 _DURATION_UNITS = {"ms": (1, 1000), "s": (1, 1), "m": (60, 1), "h": (3600, 1), "d": (86400, 1)}
@@ -33,6 +34,8 @@ _SIZE_UNITS = {
     "GiB": 2**30,
     "TiB": 2**40,
 }
+_RATE_UNITS = {"s": 1, "m": 60, "h": 3600}  # per second, per minute, per hour
+_RATE = re.compile(r"\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*/\s*(?P<unit>[a-z]+)\s*")
 _BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 _DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3))
 # No exponent form in strings: "1e3s" reads as a typo more often than as a number.
@@ -183,3 +186,43 @@ def format_size(size: int) -> str:
         if size >= factor:
             return _trim(size / factor, 1) + unit
     return f"{int(size)}B"
+
+
+def parse_rate(value: str) -> float:
+    """A rate as events per second: a number, a slash and ``s``, ``m`` or ``h``. Only the
+    string form: a bare number would leave its unit to guess.
+
+    >>> parse_rate("50/s"), parse_rate("600/m"), parse_rate("1800/h"), parse_rate("0.5/s")
+    (50.0, 10.0, 0.5, 0.5)
+    >>> parse_rate(" 10 / s ")
+    10.0
+    >>> parse_rate("50")
+    Traceback (most recent call last):
+    ...
+    ValueError: '50' is not a rate (expected e.g. "50/s", "600/m" or "1000/h")
+    >>> parse_rate("5/d")
+    Traceback (most recent call last):
+    ...
+    ValueError: '5/d' is not a rate (expected e.g. "50/s", "600/m" or "1000/h")
+    """
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    if match is None or match["unit"] not in _RATE_UNITS:
+        if isinstance(value, str) and value.strip().startswith("-"):
+            raise ValueError(f"{value!r} is negative (expected {RATE_EXPECTED})")
+        raise _bad(value, "a rate", RATE_EXPECTED)
+    return float(Decimal(match["number"]) / _RATE_UNITS[match["unit"]])
+
+
+def format_rate(per_second: float) -> str:
+    """The inverse of ``parse_rate``, in the largest unit that keeps a whole-ish number.
+
+    >>> format_rate(50.0), format_rate(10 / 60), format_rate(0.5), format_rate(1 / 3600)
+    ('50/s', '10/m', '0.5/s', '1/h')
+    """
+    for unit, factor in (("s", 1), ("m", 60), ("h", 3600)):
+        count = per_second * factor
+        if count >= 1 and (unit == "h" or abs(count - round(count)) < 1e-9 or count >= 10):
+            return f"{_trim(count, 3)}/{unit}"
+        if unit == "s" and count >= 0.1 and abs(count * 10 - round(count * 10)) < 1e-9:
+            return f"{_trim(count, 3)}/{unit}"
+    return f"{_trim(per_second * 3600, 3)}/h"

@@ -73,6 +73,8 @@ class PoolSummary:
     paused: bool = False  # fleet-wide (fleetd pause), from the store: nothing of it starts
     paused_kinds: tuple[str, ...] = ()  # kinds paused on their own
     paused_since: str | None = None  # ISO 8601, the oldest pause in force
+    rate_limit: float | None = None  # jobs per second, fleet-wide (rate_limit)
+    rate_held: bool = False  # ready jobs wait for a rate-limit token on some node
     ready: int | None = None
     scheduled: int | None = None
     leased: int | None = None
@@ -353,6 +355,8 @@ def _summary(name: str, config: Any, stats: PoolStats | None, live: list[NodeVie
         binding=bindings.pop() if len(bindings) == 1 else ("mixed" if bindings else "-"),
         saturated=any(v.saturated for v in pv),
         draining=any(n.status == "draining" for n, _ in views),
+        rate_limit=getattr(config, "rate_limit", None) if config is not None else _rate(pv),
+        rate_held=bool(ready) and any(v.rate_held for v in pv),
         ready=ready,
         scheduled=stats.scheduled if stats else None,
         leased=stats.leased if stats else None,
@@ -373,6 +377,11 @@ def _summary(name: str, config: Any, stats: PoolStats | None, live: list[NodeVie
         shared_baseline=_largest(v.shared_baseline for v in pv),
         private_at_rest=_largest(v.private_at_rest for v in pv),
     )
+
+
+def _rate(pv: list[PoolView]) -> float | None:
+    """The pool's rate_limit as its nodes report it (the config read here has no such pool)."""
+    return pv[0].rate_limit if pv else None
 
 
 def _largest(values: Any) -> int | None:

@@ -184,6 +184,19 @@ METRICS: tuple[MetricDef, ...] = (
         ("pool", "kind"),
     ),
     MetricDef(
+        "fleetd_pool_rate_limit",
+        "gauge",
+        "The pool's rate_limit (kind empty) or a kind's kind_rate_limit, jobs per second, "
+        "fleet-wide",
+        ("pool", "kind"),
+    ),
+    MetricDef(
+        "fleetd_pool_rate_held",
+        "gauge",
+        "1 while this node's last claim left ready jobs queued for want of a rate-limit token",
+        ("pool",),
+    ),
+    MetricDef(
         "fleetd_cancelled_jobs",
         "gauge",
         "Cancelled jobs in the queue's table (kept until the retention), fleet-wide",
@@ -252,12 +265,22 @@ def _paused(snap: FleetSnapshot) -> Samples:
     return out
 
 
+def _rate_limits(snap: FleetSnapshot) -> Samples:
+    """One series per limit: ``{pool, kind=""}`` for the pool's, ``{pool, kind}`` per kind."""
+    out: Samples = []
+    for p in snap.pools.values():
+        if p.rate_limit is not None:
+            out.append(((p.name, ""), p.rate_limit))
+        out.extend(((p.name, kind), r) for kind, r in sorted(p.kind_rate_limit.items()))
+    return out
+
+
 def _node(value: Callable[[FleetSnapshot], float]) -> Callable[[FleetSnapshot], Samples]:
     return lambda snap: [((), float(value(snap)))]
 
 
 def _binding(snap: FleetSnapshot) -> Samples:
-    constraints = ("max_workers", "cpu", "memory", "max_inflight")
+    constraints = ("max_workers", "cpu", "memory", "max_inflight", "rate")
     return [
         ((p.name, c), 1.0 if p.binding == c else 0.0)
         for p in snap.pools.values()
@@ -301,6 +324,8 @@ SAMPLES: dict[str, Callable[[FleetSnapshot], Samples]] = {
         ((s.name,), s.late_for) for s in snap.schedules.values()
     ],
     "fleetd_pool_paused": lambda snap: _paused(snap),
+    "fleetd_pool_rate_limit": _rate_limits,
+    "fleetd_pool_rate_held": _per_pool(lambda p: 1.0 if p.rate_held else 0.0),
     "fleetd_cancelled_jobs": _per_pool(lambda p: p.cancelled),
     "fleetd_draining": _node(lambda s: 1.0 if s.state == "draining" else 0.0),
     "fleetd_healthy": _node(lambda s: 1.0 if judge(s).healthy else 0.0),

@@ -115,6 +115,11 @@ class PoolView:
     # paused fleet-wide (fleetd pause), as this node last read it: every kind, or these kinds
     paused: bool = False
     paused_kinds: tuple[str, ...] = ()
+    # rate limits (per second, fleet-wide; None: none) and whether this node's last claim
+    # left ready jobs queued for want of a token ("held by rate")
+    rate_limit: float | None = None
+    kind_rate_limit: dict[str, float] = field(default_factory=dict)
+    rate_held: bool = False
     # this node's work
     throughput: float = 0.0  # jobs finished per second here, last minute (any outcome)
     duration_p50: float | None = None  # seconds, jobs finished here in the recent window

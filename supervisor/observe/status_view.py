@@ -27,6 +27,7 @@ from supervisor.model import iso
 from supervisor.observe.fleetview import FleetView, NodeView, PoolSummary, WorkerRow
 from supervisor.observe.health import wedged
 from supervisor.observe.snapshot import PoolView
+from supervisor.units import format_rate
 
 WIDE = 120
 SELECTED = "reverse"  # the interactive view's selected pool or job
@@ -142,12 +143,23 @@ def _oldest(p: PoolSummary, label: str = "oldest ") -> Text:
     return Text(f"{label}{age}/{dur(p.latency_target)} ●", style=style)
 
 
-def _backlog(p: PoolSummary) -> str:
+def _backlog(p: PoolSummary, held: bool = False) -> str:
+    """``backlog 200 +3 later``; with ``held``, ``held by rate`` after it when it is."""
     if p.ready is None:
         return "backlog ?"
     more = "+" if p.counts_capped else ""  # the store stops counting at its cap
     later = f" +{p.scheduled}{more} later" if p.scheduled else ""
-    return f"backlog {p.ready}{more}{later}"
+    rated = " held by rate" if held and p.rate_held else ""
+    return f"backlog {p.ready}{more}{later}{rated}"
+
+
+def _held_by_rate(p: PoolSummary) -> str:
+    """The note of a pool whose ready jobs wait for rate-limit tokens (80 columns)."""
+    # the limit as configured ("1/h", "600/m"): per second it would read "0.0/s"
+    limit = (
+        f" ({format_rate(p.rate_limit)} fleet-wide)" if p.rate_limit is not None else " (a kind's)"
+    )
+    return f"held by rate{limit}"
 
 
 def _rss(p: PoolSummary) -> str:
@@ -214,6 +226,8 @@ def _pool_lines(p: PoolSummary, selected: bool = False) -> list[Text]:
         notes.append("no running supervisor")
     if p.cancelled:
         notes.append(f"{p.cancelled} cancelled")
+    if p.rate_held:
+        notes.append(_held_by_rate(p))
     if p.paused or p.paused_kinds:
         notes.append(f"paused since {(p.paused_since or '')[11:19]}Z (fleetd resume)")
     if notes:
@@ -244,7 +258,7 @@ def _pool_table(pools: tuple[PoolSummary, ...], selected: str | None = None) -> 
             Text(p.name + unserved, style="bold cyan"),
             _workers(p),
             _sizing(p),
-            _backlog(p)[8:],
+            _backlog(p, held=True)[8:],
             _oldest(p, label=""),
             f"{rate(p.arrival_rate)} · {rate(p.throughput)}",
             f"{dur(p.duration_p50)} · {dur(p.duration_p95)}",

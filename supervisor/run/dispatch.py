@@ -12,14 +12,17 @@ once. On PostgreSQL an idle pool arms its claim in the store process, which runs
 NOTIFY names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and ``DISARM`` adjust it).
 
 Claims pass the pool's fleet-wide caps (``ClaimLimits``) and retry budget to the store, which
-enforces both for every host at once; failures carry the budget too. Claims are sized by the
-workers' room (an idle worker; for a pool of short jobs, what its pipeline may still hold, see
-``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's adaptive poll is
-due, or a retry of a job this node failed becomes due (so retries keep their backoff instead of
-waiting for an idle pool's slow poll). Results are written in batches: failures and releases on
-the pass that saw them, acks up to ``ACK_WAIT`` later. When the store is unreachable every
-write stays in the outbox and is retried with backoff; nothing is dropped. Owned by the
-supervisor's main thread.
+enforces both for every host at once; failures carry the budget too. A pool with rate limits
+claims through ``claim_rated`` (supervisor/store/rated.py), which spends its token buckets and
+says when the next token is due: no claim of that pool (or of a drained kind) goes out before
+then, whatever wakes it (``Pool.rate_gate``), so a rate-held backlog costs no polling. Claims
+are sized by the workers' room (an idle worker; for a pool of short jobs, what its pipeline may
+still hold, see ``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's
+adaptive poll is due, or a retry of a job this node failed becomes due (so retries keep their
+backoff instead of waiting for an idle pool's slow poll). Results are written in batches:
+failures and releases on the pass that saw them, acks up to ``ACK_WAIT`` later. When the store
+is unreachable every write stays in the outbox and is retried with backoff; nothing is dropped.
+Owned by the supervisor's main thread.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from supervisor.run.storecalls import claimed_job
 from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, RETIME, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
+from supervisor.store.rated import RatedRows
 from supervisor.units import format_duration
 from workers import exitcodes, protocol
 
@@ -137,6 +141,8 @@ class Dispatcher:
         one claim serves many jobs. One claim per pool is in flight at a time."""
         if pool.name in self.claiming or pool.paused:  # paused: nothing of it starts
             return
+        if now < pool.rate_gate():  # no token yet: the reply of the last claim said when
+            return
         if not any(w.state != WorkerState.STOPPING for w in pool.workers.values()):
             return  # no worker could run what is claimed (none yet, or all stopping)
         depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
@@ -165,6 +171,7 @@ class Dispatcher:
             and pool.empty_claims > 0
             and getattr(self.link, "arms_claims", False)
             and not pool.limits.capped
+            and pool.rate is None
             and not self.draining
         )
         if now < pool.next_poll_at and not arm:
@@ -183,6 +190,13 @@ class Dispatcher:
             "budget": _budget(c.retry_budget),
         }
         self.claiming.add(pool.name)
+        if pool.rate is not None:  # the store spends its tokens; kinds without one wait
+            pool.rate_asked = pool.rate_kinds(now)
+            claim.update(kinds=pool.rate_asked, rate=pool.rate)
+            self.link.submit(
+                "claim_rated", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
+            )
+            return
         if arm:
             self.armed.add(pool.name)
             wait = min(pool.next_poll_at, due[0] if due else math.inf) - now
@@ -206,7 +220,10 @@ class Dispatcher:
             self.health.failed(now, "claim", reply.error)
             return
         self.health.ok()
-        got = [claimed_job(row) for row in reply.value]
+        rows = reply.value
+        if isinstance(rows, RatedRows):
+            rows = self._rate_reply(pool, rows, now)
+        got = [claimed_job(row) for row in rows]
         expires = reply.started + pool.config.lease  # the lease runs out no earlier
         # an armed claim was sized when it was armed: by its reply the pool may have no
         # worker left (scaled to zero, its last one dead); what nobody can run goes back
@@ -223,6 +240,9 @@ class Dispatcher:
                 self.counters.redeliveries[pool.name] += 1
         pool.empty_claims = 0 if len(got) == want else pool.empty_claims + 1
         pool.next_poll_at = now + (0.0 if len(got) == want else poll_delay(pool.empty_claims))
+        if pool.rate_held:  # work waits for a token: claim when it is due, not at a slow poll
+            pool.empty_claims = 0
+            pool.next_poll_at = pool.rate_wake(now)
         due = self.retries_due[pool.name]
         if due:
             pool.next_poll_at = min(pool.next_poll_at, due[0])
@@ -231,6 +251,20 @@ class Dispatcher:
             pool.next_poll_at = 0.0
         if got and not self.draining:
             self.assign(pool, now)  # at once: the reply came between two passes
+
+    @staticmethod
+    def _rate_reply(pool: Pool, reply: RatedRows, now: float) -> list[Any]:
+        """Note when the pool's and its kinds' next tokens are due (no claim before) and
+        whether the rate held work back; the jobs claimed."""
+        pool.rate_held_until = now + reply.wait if reply.wait is not None else 0.0
+        # a kind this claim left out (its token not yet due) keeps its wait, and the work it
+        # holds back is still held: a claim of the other kinds says nothing of it
+        left_out = {k: t for k, t in pool.kind_held_until.items() if t > now}
+        for kind in pool.rate_asked:
+            left_out.pop(kind, None)
+        pool.kind_held_until = left_out | {k: now + w for k, w in reply.kind_waits.items()}
+        pool.rate_held = reply.held or bool(left_out)
+        return reply.rows
 
     def assign(self, pool: Pool, now: float) -> None:
         """Send buffered jobs to workers with room, the least loaded first, in claim order.

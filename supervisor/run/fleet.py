@@ -285,7 +285,8 @@ class Fleet:
                 and not self.drain.active
                 and pool.name not in d.claiming
             ):
-                due.append(max(pool.next_poll_at, d.store_retry_at))
+                # a rate-held pool claims when its next token is due (Pool.rate_gate)
+                due.append(max(pool.next_poll_at, pool.rate_gate(), d.store_retry_at))
             if pool.live() < pool.wanted():
                 due.append(pool.next_spawn_at)
         if self.drain.phase == DrainPhase.FINISHING:

@@ -13,11 +13,13 @@ import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from supervisor.config import PoolConfig
 from supervisor.model import ClaimLimits
 from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
+from supervisor.rates import RateLimit
 from supervisor.run.workerproc import WorkerHandle, WorkerState
 from workers import tree
 from workers.runtime import WorkerSpec
@@ -55,6 +57,13 @@ class Pool:
     private_at_rest: int | None = None
     # the supervisor's directory for its workers' job folders (workers.scratch); None: none
     scratch_root: str | None = None
+    # rate limits (store/rated.py), from the last rated claim's reply (monotonic times): no
+    # claim before the pool's next token, none of a kind before that kind's; ``rate_held``:
+    # that claim left a ready job queued for want of a token
+    rate_held_until: float = 0.0
+    kind_held_until: dict[str, float] = field(default_factory=dict)
+    rate_held: bool = False
+    rate_asked: set[str] = field(default_factory=set)  # the kinds of the rated claim in flight
 
     def __post_init__(self) -> None:
         self.target = self.config.min_workers
@@ -89,12 +98,39 @@ class Pool:
         c = self.config
         return ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
 
+    @cached_property
+    def rate(self) -> RateLimit | None:
+        """The pool's rate limits as the store's claim takes them, or None."""
+        c = self.config
+        return RateLimit.of(c.rate_limit, c.rate_burst, c.kind_rate_limit)
+
+    def rate_gate(self) -> float:
+        """When the pool may claim next by its rate limits (monotonic; 0: any time): after
+        the pool's next token, and after the first of its claimable kinds' next tokens."""
+        if self.rate is None:
+            return 0.0
+        kinds = min((self.kind_held_until.get(k, 0.0) for k in self.claimable), default=0.0)
+        return max(self.rate_held_until, kinds)
+
+    def rate_wake(self, now: float) -> float:
+        """When a rate-held pool should claim next (monotonic): its next token, or, when only
+        kinds are held, the first of their next tokens. Not ``rate_gate``: a kind without a
+        limit opens that gate at once, and a claim of it alone would only find it empty."""
+        held = [t for t in self.kind_held_until.values() if t > now]
+        return max(self.rate_held_until, min(held, default=self.rate_held_until))
+
+    def rate_kinds(self, now: float) -> set[str]:
+        """The claimable kinds whose rate has a token now."""
+        return {k for k in self.claimable if self.kind_held_until.get(k, 0.0) <= now}
+
     def depth(self) -> int:
         """Jobs one worker may hold (policy.pipeline_depth). 1 under a fleet-wide cap: a
-        queued job holds a lease, and so a place under the cap, without running."""
-        if self.config.slots > 1:  # the slots, running; nothing queued behind them
+        queued job holds a lease, and so a place under the cap, without running; 1 under a
+        rate limit: a token is spent at the claim, so the job should start then. A worker
+        with slots holds as many as it runs at once, none queued behind them."""
+        if self.config.slots > 1:
             return self.config.slots
-        if self.limits.capped:
+        if self.limits.capped or self.rate is not None:
             return 1
         return pipeline_depth(self.recent_duration, self.config.pipeline)
 

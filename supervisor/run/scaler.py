@@ -130,7 +130,11 @@ class Scaler:
             history.peaks,
             c.max_inflight,
             pool.shared_baseline or 0,
-            c.slots,
+            slots=c.slots,
+            rate_limit=c.rate_limit,
+            service_time=statistics.fmean(history.durations) if history.durations else None,
+            utilization=c.utilization,
+            nodes=self.live_nodes,
         )
 
     def _decide(

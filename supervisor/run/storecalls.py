@@ -22,7 +22,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 # verbs a link may call by name, as they are
-VERBS = frozenset({"claim", "claim_rows", "extend", "prune", "node_heartbeat", "get", "controls"})
+VERBS = frozenset(
+    {"claim", "claim_rows", "claim_rated", "extend", "prune", "node_heartbeat", "get", "controls"}
+)
 
 # a result on the wire: (pool, job id, lease token, result JSON, peak RSS, duration)
 AckRow = tuple[str, int, str, str, int | None, float | None]

@@ -34,6 +34,8 @@ from supervisor.model import (
 )
 
 if TYPE_CHECKING:
+    from supervisor.rates import RateLimit
+    from supervisor.store.rated import RatedRows
     from supervisor.store.rows import ClaimRow
 
 
@@ -69,6 +71,19 @@ class Store(Protocol):
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
     ) -> list[ClaimRow]: ...
+    def claim_rated(
+        self,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        rate: RateLimit,
+        limits: ClaimLimits | None = None,
+        budget: RetryBudget | None = None,
+    ) -> RatedRows: ...
+    def rate_levels(self, pool: str) -> dict[str, tuple[float, float]]: ...
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]: ...
     def ack(self, acks: Sequence[Ack]) -> list[Lease]: ...
     def fail(self, failures: Sequence[Failure]) -> FailOutcome: ...

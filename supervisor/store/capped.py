@@ -24,6 +24,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from supervisor.model import ClaimLimits, JobState, RetryBudget
 from supervisor.store import fair
 from supervisor.store.budget import Budgets
+from supervisor.store.rated import with_kind_tokens
 from supervisor.store.rows import CLAIMED_COLUMNS, ClaimRow, claim_row
 from supervisor.store.schema import jobs
 
@@ -58,28 +59,47 @@ class CappedClaims:
         """Count, choose and lease in one transaction, serialised per pool (fair.py)."""
         with self._tx() as conn:
             self._lock_claims(conn, pool)
-            running = fair.Running.of(conn.execute(self._leased_stmt, {"c_pool": pool}))
-            room = running.room(limits, n)
-            open_kinds = running.open_kinds(limits, kinds)
-            if room <= 0 or not open_kinds:
-                return []
-            # heads first when the last window had tenants enough to fill the room with them
-            heads = self._widths.get(pool, room) >= room
-            window = self._window(conn, pool, running, limits, open_kinds, room, heads=heads)
+            return self._capped_in(conn, pool, kinds, n, node, lease, limits, budget)
+
+    def _capped_in(
+        self,
+        conn: Connection,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        limits: ClaimLimits,
+        budget: RetryBudget | None,
+        kind_tokens: dict[str, int] | None = None,
+    ) -> list[ClaimRow]:
+        """The capped claim inside a transaction that holds the pool's claim lock.
+        ``kind_tokens``: rate-limited kinds' tokens (supervisor/store/rated.py), each kind
+        then capped at its leased jobs plus its tokens."""
+        running = fair.Running.of(conn.execute(self._leased_stmt, {"c_pool": pool}))
+        if kind_tokens:
+            limits = with_kind_tokens(limits, running.kinds, kind_tokens)
+        room = running.room(limits, n)
+        open_kinds = running.open_kinds(limits, kinds)
+        if room <= 0 or not open_kinds:
+            return []
+        # heads first when the last window had tenants enough to fill the room with them
+        heads = self._widths.get(pool, room) >= room
+        window = self._window(conn, pool, running, limits, open_kinds, room, heads=heads)
+        taken = fair.pick(window, running, limits, room)
+        if heads and not fair.heads_decide(window, running, limits, open_kinds, room, taken):
+            window = self._window(conn, pool, running, limits, open_kinds, room)
             taken = fair.pick(window, running, limits, room)
-            if heads and not fair.heads_decide(window, running, limits, open_kinds, room, taken):
-                window = self._window(conn, pool, running, limits, open_kinds, room)
-                taken = fair.pick(window, running, limits, room)
-            self._cursors[pool] = window.next_cursor(taken)
-            self._widths[pool] = len(window.tenants)
-            if not taken:
-                return []
-            chosen = [c.id for c in taken]
-            params = {"c_ids": chosen, "c_node": node, "c_lease": lease}
-            rows = {r.id: r for r in self._exec(conn, self._take_stmt, params)}
-            if budget is not None and rows:
-                at = next(iter(rows.values())).started_at
-                self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        self._cursors[pool] = window.next_cursor(taken)
+        self._widths[pool] = len(window.tenants)
+        if not taken:
+            return []
+        chosen = [c.id for c in taken]
+        params = {"c_ids": chosen, "c_node": node, "c_lease": lease}
+        rows = {r.id: r for r in self._exec(conn, self._take_stmt, params)}
+        if budget is not None and rows:
+            at = next(iter(rows.values())).started_at
+            self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
         return [claim_row(rows[i]) for i in chosen if i in rows]
 
     def _window(

@@ -102,6 +102,12 @@ def _v6_operator_controls(conn: Connection, dialect: str) -> None:
     schema.metadata.create_all(conn, tables=[schema.pauses])
 
 
+def _v7_rate_buckets(conn: Connection, dialect: str) -> None:
+    """The token buckets of ``rate_limit`` and ``kind_rate_limit`` (supervisor/store/rated.py).
+    A new table: nothing else changes, and a node still running older code never reads it."""
+    schema.metadata.create_all(conn, tables=[schema.rate_buckets])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_tables,
     _v2_postgres_vacuum,
@@ -109,6 +115,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v4_postgres_partial_indexes,
     _v5_schedules,
     _v6_operator_controls,
+    _v7_rate_buckets,
 )
 LATEST = len(MIGRATIONS)
 

@@ -25,7 +25,8 @@ many jobs are queued:
   and kind, over leased rows only.
 
 ``fleetd_retry_budget`` (migration 3) holds each pool's retry-budget counters in ``BUDGET_BUCKET``
-wide time buckets (supervisor/store/budget.py).
+wide time buckets (supervisor/store/budget.py). ``fleetd_rate_buckets`` (migration 7) holds the
+token buckets of rate-limited pools (supervisor/store/rated.py).
 """
 
 from __future__ import annotations
@@ -232,4 +233,16 @@ pauses = Table(
     Column("pool", String(200), primary_key=True),
     Column("kind", String(200), primary_key=True),
     Column("paused_at", _Time, nullable=False),
+)
+
+# Rate limits (migration 7; supervisor/store/rated.py): one token bucket per rate-limited pool
+# (kind '') and per limited kind of it, spent by every host's claims. ``tokens`` were counted at
+# ``counted_at`` (the claim's clock); the level now is computed from them (supervisor/rates.py).
+rate_buckets = Table(
+    "fleetd_rate_buckets",
+    metadata,
+    Column("pool", String(200), primary_key=True),
+    Column("kind", String(200), primary_key=True),
+    Column("tokens", _Time, nullable=False),
+    Column("counted_at", _Time, nullable=False),
 )

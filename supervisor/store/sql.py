@@ -14,6 +14,8 @@ a lease token is made, connection set-up, and the wake-up channel. Around the ve
 - rows.py: a claim's columns and order, rows as ``Job``, bound values;
 - capped.py: the claim with fleet-wide caps and fair shares (``CappedClaims``, a mixin of this
   class), on top of fair.py;
+- rated.py: the claim of a pool with rate limits, spending its token buckets
+  (``RatedClaims``, a mixin; the arithmetic is supervisor/rates.py);
 - budget.py: the retry budget's counters, written by claim and fail;
 - schedule_table.py: the schedule rows and their guarded advance (``ScheduleTable``, a mixin);
 - controls.py: cancel, pause and resume, and the filters of bulk actions (``ControlTable``).
@@ -74,6 +76,7 @@ from supervisor.store import driver, migrations
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
 from supervisor.store.controls import ControlTable
+from supervisor.store.rated import RatedClaims
 from supervisor.store.rows import (
     CLAIMED_AT,
     CLAIMED_COLUMNS,
@@ -110,7 +113,7 @@ class _Partial(Exception):
 CANCEL_ASKED = jobs.c.cancel_requested_at.is_not(None)
 
 
-class SqlStore(CappedClaims, ScheduleTable, ControlTable):
+class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
     """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
 
     dialect = "sql"
@@ -249,8 +252,19 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
 
     def _with_now(self, params: dict[str, Any]) -> dict[str, Any]:
         if self._clock is not None:
-            params["now"] = self._clock.now()
+            pinned = self.__dict__.get("_pinned_now")
+            params["now"] = self._clock.now() if pinned is None else pinned
         return params
+
+    @contextmanager
+    def _one_now(self, now: float) -> Iterator[None]:
+        """Every statement inside reads ``now`` as the injected clock's time (a transaction
+        whose statements must agree on it, as PostgreSQL's ``now()`` does: rated.py)."""
+        self._pinned_now: float | None = now
+        try:
+            yield
+        finally:
+            self._pinned_now = None
 
     @cached_property
     def _insert_stmt(self) -> Any:

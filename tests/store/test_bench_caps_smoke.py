@@ -20,7 +20,7 @@ def test_bench_caps_runs_and_reports_work(engine: str, capsys: pytest.CaptureFix
         argv += ["--postgres-url", postgres_base_url()]
     assert bench_caps.run(parser.parse_args(argv)) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(rows) == 8 and {r["claim"] for r in rows} >= {"plain", "pool full"}
+    assert len(rows) == 14 and {r["claim"] for r in rows} >= {"plain", "pool full", "rate held"}
     capped = [r for r in rows if r["claim"] == "pool cap"]
     key = "vm_instructions" if engine == "sqlite" else "buffers"
     assert all(r[key] > 0 for r in capped)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 
 from supervisor.model import Ack, JobState, NewJob
 from supervisor.store import migrations, open_store, schema
@@ -150,6 +150,41 @@ def test_migration_6_adds_cancel_and_pauses_to_a_version_5_database(db_url, cloc
         assert store.cancel([old.id]).requested == {old.id: "n"}
         assert [c.job_id for c in store.controls("n").cancels] == [old.id]
         assert store.pause("bulk") and [p.pool for p in store.pauses()] == ["bulk"]
-        assert migrations.LATEST == 6
+        assert migrations.LATEST >= 6
+    finally:
+        store.close()
+
+
+def test_migration_7_adds_the_rate_buckets_to_a_version_6_database(db_url, clock):
+    """Release 6 has no fleetd_rate_buckets: migration 7 makes it, and a rate-limited claim
+    then spends from it on a database whose jobs were queued before the upgrade."""
+    from supervisor.rates import Bucket, RateLimit
+
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as conn:
+            dialect = engine.dialect.name
+            schema.metadata.create_all(conn, tables=[schema.schema_version])
+            for number, migration in enumerate(migrations.MIGRATIONS[:6], start=1):
+                migration(conn, dialect)
+                conn.execute(schema.schema_version.insert().values(version=number, applied_at=0))
+            assert not inspect(conn).has_table("fleetd_rate_buckets")
+            conn.execute(
+                text(
+                    "INSERT INTO fleetd_jobs (kind, pool, state, payload, max_deliveries,"
+                    " enqueued_at, available_at, attempts)"
+                    " VALUES ('render', 'bulk', 'queued', '{}', 3, 0, 0, 0)"
+                )
+            )
+    finally:
+        engine.dispose()
+    store = open_store(db_url, clock)
+    try:
+        assert migrations.LATEST == 7
+        got = store.claim_rated(
+            pool="bulk", kinds={"render"}, n=5, node="n", lease=30, rate=RateLimit(Bucket(2, 2))
+        )
+        assert len(got.rows) == 1
+        assert store.rate_levels("bulk")[""][0] == 1.0
     finally:
         store.close()

@@ -84,6 +84,9 @@ def test_pool_defaults(tmp_path: Path) -> None:
         "user": None,
         "group": None,
         "nproc_limit": None,
+        "rate_limit": None,
+        "kind_rate_limit": {},
+        "rate_burst": None,
     }
     assert {key: getattr(pool, key) for key in expected} == expected
 
@@ -146,6 +149,11 @@ def test_heartbeat_defaults_to_a_third_of_the_lease(tmp_path: Path) -> None:
         ('user = "fleetd"', "user", "fleetd"),
         ('group = "fleetd"', "group", "fleetd"),
         ("nproc_limit = 64", "nproc_limit", 64),
+        ('rate_limit = "50/s"', "rate_limit", 50.0),
+        ('rate_limit = "600/m"', "rate_limit", 10.0),
+        ("rate_limit = false", "rate_limit", None),
+        ('rate_limit = "10/s"\nrate_burst = 3', "rate_burst", 3),
+        ('kind_rate_limit = { render = "1/h" }', "kind_rate_limit", {"render": 1 / 3600}),
     ],
 )
 def test_pool_values(tmp_path: Path, line: str, key: str, value: object) -> None:
@@ -333,6 +341,23 @@ VALUE_ERRORS = [
         "pools.bulk.kind_max_inflight.rendr",
         ["'rendr' is not a kind of this pool", "'render', 'reindex'"],
     ),
+    ('rate_limit = "50"', "pools.bulk.rate_limit", ["'50' is not a rate", '"50/s"']),
+    ("rate_limit = 50", "pools.bulk.rate_limit", ["50 is not a rate"]),
+    ('rate_limit = "0/s"', "pools.bulk.rate_limit", ["'0/s' is zero"]),
+    ('rate_limit = "5/d"', "pools.bulk.rate_limit", ["'5/d' is not a rate"]),
+    ('rate_limit = "-5/s"', "pools.bulk.rate_limit", ["'-5/s' is negative"]),
+    ('rate_limit = "5/s"\nrate_burst = 0', "pools.bulk.rate_burst", ["0 is too small"]),
+    ("rate_burst = 5", "pools.bulk.rate_burst", ["5 is set without a rate", "rate_limit too"]),
+    (
+        'kind_rate_limit = { render = "fast" }',
+        "pools.bulk.kind_rate_limit.render",
+        ["'fast' is not a rate"],
+    ),
+    (
+        'kind_rate_limit = { rendr = "1/s" }',
+        "pools.bulk.kind_rate_limit.rendr",
+        ["'rendr' is not a kind of this pool"],
+    ),
     # cross-field checks blame the key that is in the file
     ("min_workers = 5", "pools.bulk.min_workers", ["5 is above max_workers 4"]),
     (
@@ -486,7 +511,7 @@ def test_unknown_pool_keys(tmp_path: Path, line: str, key: str, suggestion: str 
     message = error(tmp_path, BULK + line + "\n")
     assert message.startswith(f"{key}: unknown key (")
     assert "known: handlers, min_workers, max_workers, " in message
-    assert "nproc_limit, private_shm, end_job_tree, " in message
+    assert "nproc_limit, private_shm, end_job_tree, rate_limit" in message
     if suggestion:
         assert f"did you mean {suggestion!r}?" in message
     else:

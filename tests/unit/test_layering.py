@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PURE = {
     "supervisor/policy.py",
     "supervisor/units.py",
+    "supervisor/rates.py",
     "supervisor/model.py",
     "supervisor/observe/snapshot.py",
     "supervisor/observe/recorder.py",

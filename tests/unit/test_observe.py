@@ -461,3 +461,64 @@ def test_jobs_running_count_slots_not_workers() -> None:
     assert back.pools["bulk"].running == 35 and back.pools["bulk"].slots == 20
     text = capture(view(row(snap)), 160)
     assert "2 busy 1 idle /3 · 35/60 slots" in text, text
+
+
+# ---- rate limits --------------------------------------------------------------------------
+
+
+def rate_held_fleet():
+    api = pool(
+        "api",
+        (worker("api", 1, "busy"), worker("api", 2)),
+        ready=200,
+        oldest_age=40.0,
+        binding="rate",
+        rate_limit=10.0,
+        kind_rate_limit={"render": 2.0},
+        rate_held=True,
+    )
+    stats = {"api": PoolStats("api", ready=200, oldest_ready_age=40.0)}
+    return api, view(row(snapshot(api)), stats=stats, pools=("api",))
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_a_pool_held_by_rate_says_so_and_fits(width: int) -> None:
+    _, v = rate_held_fleet()
+    (summary,) = v.pools
+    assert summary.rate_held and summary.binding == "rate"
+    assert summary.rate_limit is None  # the test's config has no rate_limit key
+    text = capture(v, width, height=24 if width == 80 else 48)
+    assert all(len(line) <= width for line in text.splitlines()), text
+    assert "held by rate" in text and "(rate)" in text
+    if width == 80:
+        assert len(text.splitlines()) <= 24
+
+
+def test_held_by_rate_needs_a_backlog() -> None:
+    api = pool("api", ready=0, rate_held=True, rate_limit=10.0)
+    v = view(row(snapshot(api)), stats={"api": PoolStats("api", ready=0)}, pools=("api",))
+    assert not v.pools[0].rate_held
+
+
+def test_rate_limits_and_held_are_exported_and_in_the_schema() -> None:
+    api, v = rate_held_fleet()
+    samples = scrape(snapshot(api))
+    limits = {s.labels["kind"]: s.value for s in samples["fleetd_pool_rate_limit"]}
+    assert limits == {"": 10.0, "render": 2.0}
+    assert [s.value for s in samples["fleetd_pool_rate_held"]] == [1.0]
+    binding = {s.labels["constraint"]: s.value for s in samples["fleetd_pool_ceiling_binding"]}
+    assert binding["rate"] == 1.0 and binding["max_workers"] == 0.0
+    document = json.loads(json.dumps(v.to_dict()))
+    jsonschema.validate(document, SCHEMA)
+    assert document["pools"]["api"]["rate_held"] is True
+    assert document["nodes"][0]["snapshot"]["pools"]["api"]["rate_limit"] == 10.0
+
+
+@pytest.mark.parametrize(
+    ("per_second", "shown"), [(1 / 3600, "1/h"), (10 / 60, "10/m"), (50.0, "50/s")]
+)
+def test_held_by_rate_names_the_limit_in_its_own_unit(per_second: float, shown: str) -> None:
+    _, v = rate_held_fleet()
+    v = replace(v, pools=(replace(v.pools[0], rate_limit=per_second),))
+    text = capture(v, 80, 24)
+    assert f"held by rate ({shown} fleet-wide)" in text, text

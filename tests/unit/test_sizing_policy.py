@@ -64,6 +64,28 @@ def test_max_inflight_binds_a_downstream_pool() -> None:
     assert out["p"].value == 5 and out["p"].binding == "max_inflight"
 
 
+@pytest.mark.parametrize(
+    ("rate", "service", "nodes", "inflight", "value", "binding"),
+    [
+        (50.0, 0.2, 1, None, 15, "rate"),  # the seed's API: 50/s x 200 ms / 0.7 = 14.3
+        (50.0, 0.2, 3, None, 5, "rate"),  # three live nodes: this host's share
+        (50.0, 2.0, 1, None, 50, "max_workers"),  # slow calls: 143 would be allowed
+        (50.0, 0.2, 1, 10, 10, "max_inflight"),  # a cap below it binds first
+        (50.0, None, 1, None, 50, "max_workers"),  # no service time measured: no figure
+        (None, 0.2, 1, None, 50, "max_workers"),  # no rate limit
+    ],
+)
+def test_a_rate_limit_ceilings_the_pool_at_the_concurrency_it_allows(
+    rate, service, nodes, inflight, value, binding
+) -> None:
+    sizing = PoolSizing(
+        "p", "io", 1, 50, MiB, (), inflight, 0, rate_limit=rate, service_time=service, nodes=nodes
+    )
+    (out,) = ceilings([sizing], cores=2, memory_budget=10**12).values()
+    assert (out.value, out.binding) == (value, binding)
+    assert out.rate == (None if rate is None or service is None else out.rate)
+
+
 def test_peak_per_job_is_configured_until_measured_then_a_high_percentile() -> None:
     assert peak_per_job(pool(job=100 * MiB, peaks=[10 * MiB] * 19)) == (100 * MiB, "configured")
     peaks = [20 * MiB] * 19 + [900 * MiB]  # one big document in a stream of small ones
