@@ -259,6 +259,34 @@ Handlers = Annotated[
 KindCaps = Annotated[dict[str, Positive], BeforeValidator(_kind_table)]
 
 
+def _weight(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{value!r} is not a weight (expected a number above zero, e.g. 3)")
+    if value == float("inf"):
+        raise ValueError(f"{value!r} is not a weight (expected a finite number, e.g. 3)")
+    return float(value)
+
+
+def _weight_table(value: Any) -> Any:
+    """``{ tenant = weight }``: tenants as enqueue takes them (``""`` is jobs without one)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is not a table (expected {{ tenant = weight, ... }})")
+    for tenant, weight in value.items():
+        if len(tenant) > NAME_MAX or any(c.isspace() or not c.isprintable() for c in tenant):
+            message = f"{tenant!r} is not a tenant (expected a name without spaces)"
+            raise _Problem(message, (tenant,))
+        try:
+            _weight(weight)
+        except ValueError as exc:
+            raise _Problem(str(exc), (tenant,)) from None
+    return value
+
+
+TenantWeights = Annotated[
+    dict[str, Annotated[float, BeforeValidator(_weight)]], BeforeValidator(_weight_table)
+]
+
+
 def _key(default: Any, about: str, *, example: Any = None, derived: str = "", **kw: Any) -> Any:
     """A documented key: ``about`` and ``example`` feed example_toml(); ``derived`` says what a
     computed default stands for (it is then shown commented out, with ``example``)."""
@@ -368,6 +396,17 @@ class PoolConfig(BaseModel):
         default_factory=dict,
         description="fleet-wide cap per kind of this pool, e.g. { render = 5 }",
     )
+    # ---- fair share between tenants (supervisor/store/fair.py) ----
+    fair: Annotated[bool, BeforeValidator(_flag)] = _key(
+        True,
+        "claim fairly between the tenants of queued jobs; false: strict priority, then FIFO "
+        "(a pool with caps always claims fairly)",
+    )
+    tenant_weights: TenantWeights = Field(
+        default_factory=dict,
+        description="a tenant's share of the pool against others' (default 1), e.g. { acme = 3 }",
+    )
+    # ---- end of fair share ----
     max_jobs_per_worker: OptPositive = _key(
         10_000, "a worker is replaced after this many jobs; false: never"
     )
@@ -417,6 +456,7 @@ class PoolConfig(BaseModel):
         _ordered(self, "min_workers", "max_workers", strict=False)
         _ordered(self, "heartbeat", "lease", strict=True)
         _ordered(self, "retry_backoff", "retry_backoff_max", strict=False)
+        _fair_keys(self)
         for kind in self.kind_max_inflight:
             if kind not in self.handlers:
                 known = ", ".join(map(repr, self.handlers))
@@ -435,6 +475,21 @@ class PoolConfig(BaseModel):
         if self.end_job_tree is not None:
             return self.end_job_tree
         return any(isinstance(h, CommandSpec) for h in self.handlers.values())
+
+
+def _fair_keys(pool: PoolConfig) -> None:
+    """``fair = false`` with a cap, or with ``tenant_weights``, would be a key without effect:
+    a capped claim always orders fairly (fair.py), and weights are the fair order's."""
+    if pool.fair:
+        return
+    caps = ("max_inflight", "tenant_max_inflight", "kind_max_inflight")
+    cap = next((k for k in caps if getattr(pool, k)), None)
+    if cap is not None:
+        message = f"false with {cap} set (expected true: a pool with caps always claims fairly)"
+        raise _Problem(message, ("fair",))
+    if pool.tenant_weights:
+        message = "false with tenant_weights set (expected true: weights order the fair claim)"
+        raise _Problem(message, ("fair",))
 
 
 def _ordered(pool: PoolConfig, low: str, high: str, *, strict: bool) -> None:
@@ -949,6 +1004,7 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
             **{"bound": "io", "min_workers": 2, "max_workers": 8, "timeout": "10s"},
             **{"lease": "30s", "latency_target": "5s", "retry_backoff_max": "30s"},
             **{"max_inflight": 50, "tenant_max_inflight": 10, "kind_max_inflight": {"enrich": 20}},
+            **{"tenant_weights": {"acme": 3}},
         },
     ),
     "poison": (

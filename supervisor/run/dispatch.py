@@ -11,8 +11,9 @@ loop: one claim per pool is in flight at a time; its reply fills the buffer and 
 once. On PostgreSQL an idle pool arms its claim in the store process, which runs it when a
 NOTIFY names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and ``DISARM`` adjust it).
 
-Claims pass the pool's fleet-wide caps (``ClaimLimits``) and retry budget to the store, which
-enforces both for every host at once; failures carry the budget too. Claims are sized by the
+Claims pass the pool's fleet-wide caps and its order between tenants (``ClaimLimits``: fair
+share and weights) and retry budget to the store, which enforces them for every host at once;
+failures carry the budget too. Claims are sized by the
 workers' room (an idle worker; for a pool of short jobs, what its pipeline may still hold, see
 ``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's adaptive poll is
 due, or a retry of a job this node failed becomes due (so retries keep their backoff instead of
@@ -176,7 +177,7 @@ class Dispatcher:
             "n": want,
             "node": self.node_id,
             "lease": c.lease,
-            "limits": limits if limits.capped else None,
+            "limits": limits if limits.capped or limits.fair else None,
             "budget": _budget(c.retry_budget),
         }
         self.claiming.add(pool.name)

@@ -83,9 +83,16 @@ class Pool:
 
     @property
     def limits(self) -> ClaimLimits:
-        """The pool's fleet-wide caps, as the store's claim takes them."""
+        """The pool's fleet-wide caps and its order between tenants, as the store's claim
+        takes them."""
         c = self.config
-        return ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
+        return ClaimLimits(
+            c.max_inflight,
+            c.tenant_max_inflight,
+            c.kind_max_inflight,
+            fair=c.fair,
+            weights=c.tenant_weights,
+        )
 
     def depth(self) -> int:
         """Jobs one worker may hold (policy.pipeline_depth). 1 under a fleet-wide cap: a

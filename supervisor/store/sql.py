@@ -70,7 +70,7 @@ from supervisor.model import (
     ReapOutcome,
     RetryBudget,
 )
-from supervisor.store import driver, migrations
+from supervisor.store import driver, fair, migrations
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
 from supervisor.store.controls import ControlTable
@@ -302,14 +302,29 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
             return []
         if limits is not None and limits.capped:
             return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
-        raw, params = self._plain_claim(pool, kinds, n, node, lease)
+        # fair: the plain claim, guarded to take nothing while more than one tenant queues
+        # (one index probe each way); then, and only then, the fair claim (fair.py)
+        by_tenant = limits is not None and limits.fair
+        raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=by_tenant)
         with self._auto() as conn:
             rows = driver.fetchall(conn, raw, params)
+            mixed = by_tenant and not rows and self._mixed(conn, pool)
             if budget is not None and rows:
                 at = rows[0][CLAIMED_AT]
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        if mixed:
+            assert limits is not None
+            return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
+
+    def _mixed(self, conn: Connection, pool: str) -> bool:
+        """Whether the pool's queue holds jobs of more than one tenant (two index probes)."""
+        return bool(conn.execute(self._mixed_stmt, {"c_pool": pool}).scalar())
+
+    @cached_property
+    def _mixed_stmt(self) -> Any:
+        return select(fair.tenants_differ())
 
     @cached_property
     def _budgets(self) -> Budgets:
@@ -330,36 +345,58 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         }
 
     def claim_statement(
-        self, *, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+        self,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        one_tenant: bool = False,
     ) -> tuple[str, Any]:
         """The SQL and driver parameters of an uncapped ``claim`` (for EXPLAIN, in
-        benchmarks and tests: it does not pass through SQLAlchemy's execute events)."""
-        raw, params = self._plain_claim(pool, kinds, n, node, lease)
+        benchmarks and tests: it does not pass through SQLAlchemy's execute events);
+        ``one_tenant``: the fair pool's guarded form."""
+        raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=one_tenant)
         return raw.sql, raw.rows([params])[0]
 
     def _plain_claim(
-        self, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+        self,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        *,
+        one_tenant: bool = False,
     ) -> tuple[driver.Raw, dict[str, Any]]:
         params = {"c_pool": pool, "c_n": n, "c_node": node, "c_lease": lease}
         params.update((f"c_kind{i}", kind) for i, kind in enumerate(sorted(kinds)))
-        return self._claim_raw(len(kinds)), self._with_now(params)
+        return self._claim_raw(len(kinds), one_tenant), self._with_now(params)
 
-    def _claim_raw(self, n_kinds: int) -> driver.Raw:
+    def _claim_raw(self, n_kinds: int, one_tenant: bool = False) -> driver.Raw:
         """The claim for a pool of ``n_kinds`` kinds, compiled once: claiming is most of a
         short job's cost, and SQLAlchemy's per-call compile-cache lookup, parameter and
-        result processing took half of it (the driver's rows are what the claim needs)."""
-        raw = self._claim_raws.get(n_kinds)
+        result processing took half of it (the driver's rows are what the claim needs).
+        ``one_tenant``: the form a fair pool runs, which takes nothing while jobs of more
+        than one tenant are queued."""
+        raw = self._claim_raws.get((n_kinds, one_tenant))
         if raw is None:
-            stmt = self._claim_stmt(n_kinds)
-            raw = self._claim_raws[n_kinds] = driver.Raw.of(stmt, self.engine.dialect)
+            stmt = self._claim_stmt(n_kinds, one_tenant)
+            raw = driver.Raw.of(stmt, self.engine.dialect)
+            self._claim_raws[(n_kinds, one_tenant)] = raw
         return raw
 
     @cached_property
-    def _claim_raws(self) -> dict[int, driver.Raw]:
+    def _claim_raws(self) -> dict[tuple[int, bool], driver.Raw]:
         return {}
 
-    def _claim_stmt(self, n_kinds: int) -> Any:
+    def _claim_stmt(self, n_kinds: int, one_tenant: bool = False) -> Any:
         now = self._now()
+        # a fair pool's guard: the lowest and the highest tenant queued are one, found by one
+        # index probe each (both NULL, so false, when nothing is queued). Evaluated once per
+        # statement, before the scan; a tenant that arrives after it waits for the next claim
+        guard = [fair.one_tenant()] if one_tenant else []
         ready = (
             select(jobs.c.id)
             .where(
@@ -367,6 +404,7 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
                 jobs.c.state == QUEUED,
                 self._mostly_true(jobs.c.available_at <= now),
                 jobs.c.kind.in_([bindparam(f"c_kind{i}") for i in range(n_kinds)]),
+                *guard,
             )
             .order_by(jobs.c.priority.desc(), jobs.c.available_at, jobs.c.id)
             .limit(bindparam("c_n", type_=Integer))

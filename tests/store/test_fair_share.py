@@ -1,0 +1,146 @@
+"""Fair share between tenants without caps (``ClaimLimits(fair=True)``, weights) against the
+plain priority-then-FIFO claim: conformance tests on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from sqlalchemy import select
+
+from supervisor.model import Ack, ClaimLimits, NewJob, RetryBudget
+from supervisor.store import fair
+from supervisor.store.schema import retry_budget
+
+FAIR = ClaimLimits()
+
+
+def job(tenant: str | None = None, kind: str = "render", **kw) -> NewJob:
+    kw.setdefault("payload", json.dumps({}))
+    kw.setdefault("max_deliveries", 3)
+    return NewJob(kind=kind, pool="bulk", tenant=tenant, **kw)
+
+
+def claim(store, n, limits=FAIR, node="node-a", budget=None):
+    return store.claim(
+        pool="bulk", kinds={"render"}, n=n, node=node, lease=30.0, limits=limits, budget=budget
+    )
+
+
+def tenants_of(claimed) -> list[str | None]:
+    return [c.tenant for c in claimed]
+
+
+def big_then_small(store) -> None:
+    store.enqueue_many([job("big") for _ in range(40)])
+    store.enqueue_many([job("small") for _ in range(3)])
+
+
+def test_a_small_tenant_behind_a_big_backlog_takes_turns(store):
+    big_then_small(store)
+    order = [t for _ in range(8) for t in tenants_of(claim(store, 2))]
+    assert order[:6] == ["big", "small"] * 3
+    assert order[6:] == ["big"] * 10
+
+
+def test_fair_false_and_no_limits_keep_priority_then_fifo(store):
+    big_then_small(store)
+    fifo = ClaimLimits(fair=False)
+    assert tenants_of(claim(store, 40, fifo)) == ["big"] * 40
+    assert tenants_of(claim(store, 40, None)) == ["small"] * 3
+
+
+def test_positions_count_the_leased_jobs_of_every_host(store):
+    big_then_small(store)
+    first = claim(store, 1, node="node-a")
+    assert tenants_of(first) == ["big"]
+    # another host's claim sees big's leased job: small goes first
+    second = claim(store, 1, node="node-b")
+    assert tenants_of(second) == ["small"]
+    store.ack([Ack(first[0].lease)])
+    assert tenants_of(claim(store, 1, node="node-a")) == ["big"]  # big runs none now
+    store.ack([Ack(second[0].lease)])
+    assert tenants_of(claim(store, 1, node="node-b")) == ["small"]
+
+
+def test_weights_share_the_slots(store):
+    store.enqueue_many([job("big") for _ in range(20)] + [job("small") for _ in range(20)])
+    weighted = ClaimLimits(weights={"big": 3})
+    assert Counter(tenants_of(claim(store, 8, weighted))) == {"big": 6, "small": 2}
+    # one at a time, the running counts keep the shares: 3 more big, 1 more small
+    more = [t for _ in range(4) for t in tenants_of(claim(store, 1, weighted))]
+    assert Counter(more) == {"big": 3, "small": 1}
+
+
+def test_a_light_tenant_is_not_starved_in_a_small_pool(store):
+    store.enqueue_many([job("big") for _ in range(10)] + [job("small") for _ in range(10)])
+    weighted = ClaimLimits(weights={"big": 3})
+    running = claim(store, 2, weighted)
+    assert sorted(tenants_of(running)) == ["big", "small"]
+    for _ in range(6):  # the heavy tenant's job ends, and then the light one's, in turn
+        done = next(c for c in running if c.tenant == "big")
+        store.ack([Ack(done.lease)])
+        running = [c for c in running if c is not done] + claim(store, 1, weighted)
+        assert sorted(tenants_of(running)) == ["big", "small"]
+
+
+def test_priority_orders_within_a_tenant_and_breaks_ties(store):
+    a0, a5, b1 = store.enqueue_many(
+        [job("a", priority=0), job("a", priority=5), job("b", priority=1)]
+    )
+    # a's urgent job first (its first turn ties b's; priority 5 wins), then b's, then a's second
+    assert [c.job_id for c in claim(store, 3)] == [a5, b1, a0]
+
+
+def test_a_huge_backlog_never_holds_back_ten_jobs(store):
+    store.enqueue_many([job("big") for _ in range(5000)])
+    store.enqueue_many([job("small") for _ in range(10)])
+    order = [t for _ in range(10) for t in tenants_of(claim(store, 2))]
+    assert order.count("small") == 10
+
+
+def test_jobs_without_a_tenant_are_one_tenant_of_their_own(store):
+    store.enqueue_many([job() for _ in range(6)] + [job("a") for _ in range(2)])
+    assert tenants_of(claim(store, 4)) == [None, "a", None, "a"]
+
+
+def test_one_tenant_claims_with_the_plain_statement(store):
+    """A pool whose queue holds one tenant (or none) never runs the fair claim: nothing of it
+    is kept (its cursor), and the order is the plain one."""
+    p0, p2, p1 = store.enqueue_many([job("a", priority=p) for p in (0, 2, 1)])
+    assert [c.job_id for c in claim(store, 2)] == [p2, p1]
+    assert "bulk" not in store._cursors
+    (untenanted,) = store.enqueue_many([job()])
+    assert [c.job_id for c in claim(store, 1)] == [untenanted]  # '' runs none, 'a' two
+    assert store._cursors.get("bulk") == ""
+    store._cursors.clear()
+    assert [c.job_id for c in claim(store, 9)] == [p0]  # 'a' alone again
+    assert "bulk" not in store._cursors
+    assert claim(store, 1) == []  # nothing queued: the guard is false, the probe says so too
+    assert "bulk" not in store._cursors
+
+
+def test_a_second_tenant_arriving_is_seen_by_the_next_claim(store):
+    store.enqueue_many([job("big") for _ in range(10)])
+    assert tenants_of(claim(store, 2)) == ["big", "big"]
+    store.enqueue_many([job("small") for _ in range(2)])
+    assert tenants_of(claim(store, 3)) == ["small", "small", "big"]
+
+
+def test_the_fair_claim_counts_deliveries_in_the_retry_budget(store):
+    big_then_small(store)
+    budget = RetryBudget(0.5)
+    assert len(claim(store, 4, budget=budget)) == 4
+    assert len(claim(store, 4, ClaimLimits(weights={"big": 2}), budget=budget)) == 4
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(retry_budget.c.deliveries)).scalars().all()
+    assert sum(rows) == 8
+
+
+def test_the_probe_reads_the_whole_queue(store):
+    """Delayed jobs of another tenant count: the fair claim runs and takes what is ready."""
+    store.enqueue_many([job("a") for _ in range(3)] + [job("b", delay=60)])
+    with store.engine.connect() as conn:
+        assert store._mixed(conn, "bulk")
+    assert tenants_of(claim(store, 5)) == ["a", "a", "a"]
+    assert fair.WINDOW >= 2
