@@ -192,6 +192,8 @@ class Dispatcher:
                 **claim,
             )
             return
+        if limits.capped or limits.fair:  # not armed: the results may be written meanwhile
+            claim["finished"] = self.outbox.finished(pool.name) or None
         self.link.submit(
             "claim_rows", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
         )
@@ -327,7 +329,7 @@ class Dispatcher:
                 return
             lease = job.claimed.lease
             row = (pool.name, lease.job_id, lease.token, result, msg.peak_rss, msg.duration)
-            self.outbox.ack(pool.name, row, now)
+            self.outbox.ack(pool.name, row, now, job.claimed.tenant)
             self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
             if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
                 log_job(

@@ -57,6 +57,7 @@ class Store(Protocol):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[Claimed]: ...
     def claim_rows(
         self,
@@ -68,6 +69,7 @@ class Store(Protocol):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]: ...
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]: ...
     def ack(self, acks: Sequence[Ack]) -> list[Lease]: ...

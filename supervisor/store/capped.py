@@ -13,7 +13,7 @@ plain claim does (what it takes from ``SqlStore`` is declared at the top of the 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -54,11 +54,14 @@ class CappedClaims:
         lease: float,
         limits: ClaimLimits,
         budget: RetryBudget | None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]:
-        """Count, choose and lease in one transaction, serialised per pool (fair.py)."""
+        """Count, choose and lease in one transaction, serialised per pool (fair.py).
+        ``finished``: this node's ended jobs not yet written, left out of the fair order."""
         with self._tx() as conn:
             self._lock_claims(conn, pool)
-            running = fair.Running.of(conn.execute(self._leased_stmt, {"c_pool": pool}))
+            leased = conn.execute(self._leased_stmt, {"c_pool": pool})
+            running = fair.Running.of(leased, finished)
             room = running.room(limits, n)
             open_kinds = running.open_kinds(limits, kinds)
             if room <= 0 or not open_kinds:

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,16 +98,30 @@ class Running:
     total: int = 0
     tenants: Counter[str] | None = None
     kinds: Counter[str] | None = None
+    # per tenant: leased jobs the claiming node has seen end, whose results it has not written
+    # yet (they are written after this claim). Caps count them (their leases are held until
+    # written); the fair order does not (``placed``): a claim sent in the same loop pass as
+    # those results would otherwise see the tenants that just finished as still running
+    finished: Mapping[str, int] | None = None
 
     @classmethod
-    def of(cls, rows: Iterable[Any]) -> Running:
+    def of(cls, rows: Iterable[Any], finished: Mapping[str, int] | None = None) -> Running:
         """From ``leased_stmt`` rows (tenant, kind, count)."""
         tenants: Counter[str] = Counter()
         kinds: Counter[str] = Counter()
         for tenant, kind, count in rows:
             tenants[tenant] += count
             kinds[kind] += count
-        return cls(sum(tenants.values()), tenants, kinds)
+        return cls(sum(tenants.values()), tenants, kinds, finished)
+
+    def placed(self, tenant: str) -> int:
+        """``R`` of the fair order: the tenant's leased jobs less those that ended here.
+
+        >>> Running(3, Counter(a=3), finished={"a": 2, "b": 1}).placed("a")
+        1
+        """
+        leased = (self.tenants or Counter())[tenant]
+        return max(0, leased - (self.finished or {}).get(tenant, 0))
 
     def room(self, limits: ClaimLimits, n: int) -> int:
         """How many jobs this claim may take at most."""
@@ -206,11 +220,9 @@ def heads_decide(
         return True
     if len(kind_groups(running, limits, kinds, 1)) != 1 or len(taken) < room:
         return False
-    busy = running.tenants or Counter()
-    highest = max(slot_key(busy[c.tenant], 1, limits.weight(c.tenant)) for c in taken)
-    return all(
-        highest < slot_key(busy[c.tenant], 2, limits.weight(c.tenant)) for c in window.candidates
-    )
+    placed, weight = running.placed, limits.weight
+    highest = max(slot_key(placed(c.tenant), 1, weight(c.tenant)) for c in taken)
+    return all(highest < slot_key(placed(c.tenant), 2, weight(c.tenant)) for c in window.candidates)
 
 
 def kind_groups(
@@ -248,7 +260,7 @@ def pick(window: Window, running: Running, limits: ClaimLimits, room: int) -> li
     ordered = []
     for c in sorted(window.candidates, key=lambda c: (c.tenant, -c.priority, c.available_at, c.id)):
         rank[c.tenant] += 1
-        level, within = slot_key(tenants_running[c.tenant], rank[c.tenant], limits.weight(c.tenant))
+        level, within = slot_key(running.placed(c.tenant), rank[c.tenant], limits.weight(c.tenant))
         tie = (-c.priority, turn.get(c.tenant, len(turn)), rank[c.tenant])
         ordered.append(((level, within, *tie), c))
     ordered.sort(key=lambda item: item[0])

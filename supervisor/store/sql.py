@@ -24,7 +24,7 @@ delivery ``cancelled`` whichever verb ends it: ack (its result kept), fail, rele
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
@@ -274,14 +274,25 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
         """Lease up to ``n`` ready jobs of ``pool`` whose kind is in ``kinds``, highest
         priority first, then longest waiting. Counts a delivery on each (and in the pool's
         retry ``budget``, when it has one). With capped ``limits``, stays within the pool's,
         tenants' and kinds' fleet-wide caps and orders fairly between tenants
-        (``CappedClaims``, supervisor/store/capped.py and fair.py)."""
+        (``CappedClaims``, supervisor/store/capped.py and fair.py); with ``limits.fair``,
+        orders fairly between tenants whenever more than one is queued. ``finished``: per
+        tenant, this node's jobs of the pool that ended but whose results are not written
+        yet; the fair order does not count them as running (caps still do)."""
         rows = self.claim_rows(
-            pool=pool, kinds=kinds, n=n, node=node, lease=lease, limits=limits, budget=budget
+            pool=pool,
+            kinds=kinds,
+            n=n,
+            node=node,
+            lease=lease,
+            limits=limits,
+            budget=budget,
+            finished=finished,
         )
         return [as_claimed(r) for r in rows]
 
@@ -295,13 +306,14 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]:
         """``claim``, its jobs as ``ClaimRow`` tuples in claim order: what a store process
         sends to its loop, without building objects it would take apart again."""
         if n <= 0 or not kinds:
             return []
         if limits is not None and limits.capped:
-            return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
+            return self._claim_capped(pool, kinds, n, node, lease, limits, budget, finished)
         # fair: the plain claim, guarded to take nothing while more than one tenant queues
         # (one index probe each way); then, and only then, the fair claim (fair.py)
         by_tenant = limits is not None and limits.fair
@@ -314,7 +326,7 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
         if mixed:
             assert limits is not None
-            return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
+            return self._claim_capped(pool, kinds, n, node, lease, limits, budget, finished)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
 

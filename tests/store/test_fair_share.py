@@ -144,3 +144,18 @@ def test_the_probe_reads_the_whole_queue(store):
         assert store._mixed(conn, "bulk")
     assert tenants_of(claim(store, 5)) == ["a", "a", "a"]
     assert fair.WINDOW >= 2
+
+
+def test_results_not_written_yet_do_not_count_as_running(store):
+    """A claim sent in the same pass as results of the same node runs before they are
+    written: ``finished`` tells it which of the leased jobs have ended."""
+    big_then_small(store)
+    assert tenants_of(claim(store, 2)) == ["big", "small"]
+    both = dict(pool="bulk", kinds={"render"}, n=1, node="node-a", lease=30.0, limits=FAIR)
+    # small's job ended here: small runs none, its next job goes first
+    assert tenants_of(store.claim(**both, finished={"small": 1})) == ["small"]
+    # as leased, big and small run one each again (1 and 2): big's turn
+    assert tenants_of(store.claim(**both)) == ["big"]
+    # finished counts never go below none running, and caps still count the leases
+    capped = ClaimLimits(tenant_max_inflight=2)
+    assert store.claim(**{**both, "limits": capped}, finished={"big": 9, "small": 9}) == []
