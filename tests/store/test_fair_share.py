@@ -4,12 +4,17 @@ plain priority-then-FIFO claim: conformance tests on SQLite and on PostgreSQL.""
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
+from fractions import Fraction
 
-from sqlalchemy import select
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import delete, select
 
 from supervisor.model import Ack, ClaimLimits, NewJob, RetryBudget
 from supervisor.store import fair
+from supervisor.store.schema import jobs as jobs_table
 from supervisor.store.schema import retry_budget
 
 FAIR = ClaimLimits()
@@ -159,3 +164,66 @@ def test_results_not_written_yet_do_not_count_as_running(store):
     # finished counts never go below none running, and caps still count the leases
     capped = ClaimLimits(tenant_max_inflight=2)
     assert store.claim(**{**both, "limits": capped}, finished={"big": 9, "small": 9}) == []
+
+
+# ---- the weighted order against a reference, on random queues ----------------------------
+
+
+def reference(queue, running, n, weights, cursor):
+    """One job at a time: the tenant whose next slot comes in the earliest round (``weight``
+    slots a round), then the earliest turn in it, the highest priority, the tenant after
+    ``cursor`` in name order; jobs (id, tenant, priority) in priority-then-FIFO order within
+    a tenant. Returns the ids taken and the tenant last served (the new cursor)."""
+    tenants = sorted({t for _, t, _ in queue})
+    if cursor is not None:
+        tenants = [t for t in tenants if t > cursor] + [t for t in tenants if t <= cursor]
+    left = sorted(queue, key=lambda j: (-j[2], j[0]))
+    running = Counter(running)
+    taken = []
+    while left and len(taken) < n:
+        keys = []
+        for turn, tenant in enumerate(tenants):
+            head = next((j for j in left if j[1] == tenant), None)
+            if head is None:
+                continue
+            w, slot = Fraction(weights.get(tenant, 1)), running[tenant] + 1
+            rounds = math.floor((slot - 1) / w)
+            keys.append((rounds, slot - math.ceil(rounds * w), -head[2], turn, head))
+        *_, head = min(keys)
+        left.remove(head)
+        taken.append(head)
+        running[head[1]] += 1
+    served = [t for t in tenants if t in {j[1] for j in taken}]
+    return [j[0] for j in taken], served[-1] if served else None
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    jobs=st.lists(
+        st.tuples(st.sampled_from(["", "a", "b", "c"]), st.integers(0, 2)), min_size=2, max_size=30
+    ),
+    claims=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    weights=st.sampled_from([{}, {"a": 3}, {"a": 2, "b": 0.5}, {"": 2, "c": 1.5}, {"b": 5}]),
+)
+def test_weighted_order_matches_the_reference(store, jobs, claims, weights):
+    with store.engine.begin() as conn:
+        conn.execute(delete(jobs_table))
+    store._cursors.clear()
+    ids = store.enqueue_many([job(t or None, priority=p) for t, p in jobs])
+    queue = [(i, t, p) for i, (t, p) in zip(ids, jobs, strict=True)]
+    running: Counter[str] = Counter()
+    cursor = None
+    limits = ClaimLimits(weights=weights)
+    for n in claims:
+        if len({t for _, t, _ in queue}) > 1:
+            expected, cursor = reference(queue, running, n, weights, cursor)
+        else:  # one tenant: the plain claim, the cursor kept
+            expected = [i for i, _, _ in sorted(queue, key=lambda j: (-j[2], j[0]))][:n]
+        assert [c.job_id for c in claim(store, n, limits)] == expected
+        for i, t, p in [j for j in queue if j[0] in expected]:
+            queue.remove((i, t, p))
+            running[t] += 1
