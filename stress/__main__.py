@@ -50,6 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",
     ),
+    "bench-fair": (
+        "stress.bench_fair",
+        "plain claim vs fair claim (1 and 1,000 tenants, 10k and 1M queued), main vs this tree",
+    ),
     "bench": ("stress.bench_peers", "fleetd against Celery, RQ, Dramatiq, procrastinate"),
     "chaos": (
         "stress.chaos",

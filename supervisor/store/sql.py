@@ -152,6 +152,12 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         """A fresh random lease token per row, made by the database."""
         raise NotImplementedError
 
+    # Where a fair pool's plain claim tests its guard (``_claim_stmt``). PostgreSQL: in the
+    # WHERE, a one-time filter that stops the scan when false (an expression in the LIMIT
+    # would hide the limit from the planner, which then hashes the whole table). SQLite: in
+    # the LIMIT (0 when false), as a false WHERE term is tested on every row of the pool.
+    _guard_in_limit = False
+
     def _mostly_true(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
         """Hook: ``condition`` as a planner hint that it holds for most rows (SQLite)."""
         return condition
@@ -315,8 +321,12 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         if limits is not None and limits.capped:
             return self._claim_capped(pool, kinds, n, node, lease, limits, budget, finished)
         # fair: the plain claim, guarded to take nothing while more than one tenant queues
-        # (one index probe each way); then, and only then, the fair claim (fair.py)
+        # (one index probe each way); then, and only then, the fair claim (fair.py). A pool
+        # found mixed goes straight to the fair claim until a fair claim's window holds one
+        # tenant or none: which to try first is all the flag decides, both are right always
         by_tenant = limits is not None and limits.fair
+        if by_tenant and pool in self._mixed_pools:
+            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
         raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=by_tenant)
         with self._auto() as conn:
             rows = driver.fetchall(conn, raw, params)
@@ -325,10 +335,24 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
                 at = rows[0][CLAIMED_AT]
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
         if mixed:
-            assert limits is not None
-            return self._claim_capped(pool, kinds, n, node, lease, limits, budget, finished)
+            self._mixed_pools.add(pool)
+            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
+
+    def _claim_fair(self, pool: str, *args: Any) -> list[ClaimRow]:
+        """The fair claim of an uncapped pool (capped.py's transaction, no caps to keep)."""
+        cursor = self._cursors.get(pool)
+        rows = self._claim_capped(pool, *args)
+        if self._widths.get(pool, 0) <= 1:  # its window saw one tenant queued, or none:
+            self._mixed_pools.discard(pool)  # the plain claim's turn, which keeps the cursor
+            self._cursors[pool] = cursor
+        return rows
+
+    @cached_property
+    def _mixed_pools(self) -> set[str]:
+        """Pools whose last look found more than one tenant queued (per store: per host)."""
+        return set()
 
     def _mixed(self, conn: Connection, pool: str) -> bool:
         """Whether the pool's queue holds jobs of more than one tenant (two index probes)."""
@@ -406,9 +430,13 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
     def _claim_stmt(self, n_kinds: int, one_tenant: bool = False) -> Any:
         now = self._now()
         # a fair pool's guard: the lowest and the highest tenant queued are one, found by one
-        # index probe each (both NULL, so false, when nothing is queued). Evaluated once per
-        # statement, before the scan; a tenant that arrives after it waits for the next claim
-        guard = [fair.one_tenant()] if one_tenant else []
+        # index probe each (both NULL, so false, when nothing is queued). Evaluated once, when
+        # the statement starts; a tenant that arrives after it waits for the next claim
+        guard, limit = [], bindparam("c_n", type_=Integer)
+        if one_tenant and self._guard_in_limit:
+            limit = case((fair.one_tenant(), limit), else_=literal(0, Integer))
+        elif one_tenant:
+            guard = [fair.one_tenant()]
         ready = (
             select(jobs.c.id)
             .where(
@@ -419,7 +447,7 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
                 *guard,
             )
             .order_by(jobs.c.priority.desc(), jobs.c.available_at, jobs.c.id)
-            .limit(bindparam("c_n", type_=Integer))
+            .limit(limit)
             .with_for_update(skip_locked=True)
         )
         return (

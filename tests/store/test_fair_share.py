@@ -110,19 +110,19 @@ def test_jobs_without_a_tenant_are_one_tenant_of_their_own(store):
 
 
 def test_one_tenant_claims_with_the_plain_statement(store):
-    """A pool whose queue holds one tenant (or none) never runs the fair claim: nothing of it
-    is kept (its cursor), and the order is the plain one."""
+    """A pool whose queue holds one tenant (or none) claims in plain order and keeps its
+    round-robin cursor; a pool found mixed goes to the fair claim until one tenant is left."""
     p0, p2, p1 = store.enqueue_many([job("a", priority=p) for p in (0, 2, 1)])
     assert [c.job_id for c in claim(store, 2)] == [p2, p1]
-    assert "bulk" not in store._cursors
+    assert "bulk" not in store._cursors and "bulk" not in store._mixed_pools
     (untenanted,) = store.enqueue_many([job()])
     assert [c.job_id for c in claim(store, 1)] == [untenanted]  # '' runs none, 'a' two
-    assert store._cursors.get("bulk") == ""
+    assert store._cursors.get("bulk") == "" and "bulk" in store._mixed_pools
     store._cursors.clear()
     assert [c.job_id for c in claim(store, 9)] == [p0]  # 'a' alone again
-    assert "bulk" not in store._cursors
+    assert store._cursors.get("bulk") is None and "bulk" not in store._mixed_pools
     assert claim(store, 1) == []  # nothing queued: the guard is false, the probe says so too
-    assert "bulk" not in store._cursors
+    assert store._cursors.get("bulk") is None and "bulk" not in store._mixed_pools
 
 
 def test_a_second_tenant_arriving_is_seen_by_the_next_claim(store):
