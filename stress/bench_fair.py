@@ -88,20 +88,37 @@ def _database(engine: str, postgres_url: str) -> Iterator[str]:
 
 
 def _fill(url: str, size: int, tenants: int, *, untenanted: bool) -> None:
-    """The pools ``one``, ``many`` (and ``none``) with ``size`` ready jobs each; statistics."""
+    """The pools ``one``, ``many`` (and ``none``) with ``size`` ready jobs each; statistics.
+    The first 10,000 of each pool are enqueued through the store; the rest are copies of them
+    made by the database (INSERT ... SELECT, doubling), which fills a million rows in seconds
+    instead of minutes: the rows are the ones enqueue wrote, tenants in the same rotation."""
+    from sqlalchemy import func, insert, select
+
     from supervisor.model import NewJob
     from supervisor.store import open_store
+    from supervisor.store.schema import jobs
 
     store = open_store(url)
     try:
         pools = {"one": lambda i: "acme", "many": lambda i: f"t{i % tenants:05d}"}
         if untenanted:
             pools["none"] = lambda i: None
+        copied = [c for c in jobs.c if c.name != "id"]
         for pool, tenant in pools.items():
-            for start in range(0, size, 10_000):
-                batch = range(start, min(size, start + 10_000))
-                store.enqueue_many([NewJob(KIND, pool, "{}", 3, tenant=tenant(i)) for i in batch])
+            first = min(size, 10_000)
+            store.enqueue_many(
+                [NewJob(KIND, pool, "{}", 3, tenant=tenant(i)) for i in range(first)]
+            )
+            have = first
+            while have < size:
+                more = min(have, size - have)
+                rows = select(*copied).where(jobs.c.pool == pool).order_by(jobs.c.id).limit(more)
+                with store.engine.begin() as conn:
+                    conn.execute(insert(jobs).from_select([c.name for c in copied], rows))
+                have += more
         with store.engine.begin() as conn:
+            count = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
+            assert count == size * len(pools), (count, size, len(pools))
             conn.exec_driver_sql("ANALYZE")
     finally:
         store.close()
