@@ -1,4 +1,6 @@
-"""The capped claim's transaction: ``SqlStore.claim`` with capped ``ClaimLimits`` comes here.
+"""The capped claim's transaction: ``SqlStore.claim`` with capped ``ClaimLimits`` comes here,
+and so does a fair pool's claim while more than one tenant is queued (no caps to keep: the
+room is the claim's ``n``).
 
 What to take, and in which order, is decided in supervisor/store/fair.py (its statements and the
 pure fair pick, with the reasoning). This module runs those steps against the database: count,

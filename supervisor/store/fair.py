@@ -1,8 +1,13 @@
-"""The capped claim: fleet-wide caps per pool, tenant and kind, and fair shares between tenants.
+"""The fair claim: weighted fair shares between tenants, and fleet-wide caps per pool, tenant
+and kind.
 
-``SqlStore.claim`` with ``ClaimLimits`` runs these steps in one transaction, serialised per pool
-(SQLite: ``BEGIN IMMEDIATE``, the database's one writer; PostgreSQL: an advisory lock keyed on
-the pool, ``PostgresStore._lock_claims``), so two hosts never both see room for the same slot:
+``SqlStore.claim`` runs these steps for a pool with caps, and for a fair pool (``fair``, the
+default) whose queue holds more than one tenant (``one_tenant``, ``tenants_differ``: two index
+probes; with one tenant or none, fair order is the plain claim's order and the plain statement
+serves, see ``SqlStore.claim_rows``). One transaction, serialised per pool (SQLite: ``BEGIN
+IMMEDIATE``, the database's one writer; PostgreSQL: an advisory lock keyed on the pool,
+``PostgresStore._lock_claims``), so two hosts never both see room for the same slot, and the
+running counts a claim orders by stay true until it has leased:
 
 1. ``leased_stmt``: the pool's leased jobs counted per (tenant, kind), from a small partial
    index. Leased rows are few (at most the caps), so this is cheap however deep the queue.
