@@ -58,6 +58,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_slots",
         "slots: 500 concurrent 1 s sleeps as 500 one-slot workers vs 25 workers x 20 slots",
     ),
+    "bench-fair": (
+        "stress.bench_fair",
+        "plain claim vs fair claim (1 and 1,000 tenants, 10k and 1M queued), main vs this tree",
+    ),
     "bench": ("stress.bench_peers", "fleetd against Celery, RQ, Dramatiq, procrastinate"),
     "chaos": (
         "stress.chaos",

@@ -267,7 +267,20 @@ def _pool_plan(config: FleetConfig, name: str) -> dict[str, Any]:
         "lease": pool.lease,
         "heartbeat": pool.heartbeat,
         "max_deliveries": pool.max_deliveries,
+        "order": _order_plan(pool),
         "commands": _command_plan(pool.handlers),
+    }
+
+
+def _order_plan(pool: Any) -> dict[str, Any]:
+    """Which order the pool's claims take (supervisor/store/fair.py): ``fair`` between
+    tenants (always with caps) or strict ``fifo``; the weights; whether the claim is serialised
+    per pool (capped: always; fair: while more than one tenant is queued)."""
+    capped = bool(pool.max_inflight or pool.tenant_max_inflight or pool.kind_max_inflight)
+    return {
+        "order": "fair" if pool.fair or capped else "fifo",
+        "weights": dict(pool.tenant_weights),
+        "capped": capped,
     }
 
 
@@ -299,6 +312,7 @@ def render_plan(plan: dict[str, Any]) -> str:
             f"timeout {format_duration(p['timeout'])}; lease {format_duration(p['lease'])} "
             f"(heartbeat {format_duration(p['heartbeat'])}); max_deliveries {p['max_deliveries']}"
         )
+        lines.append(f"    order: {_render_order(p['order'])}")
         lines.append(f"    sizing: {_render_sizing(p['sizing'])}")
         lines.append(f"    memory: {_render_memory(p['memory'])}")
         lines.append(f"    at rest: {_render_at_rest(p['memory_at_rest'], p['sizing'])}")
@@ -316,6 +330,19 @@ def render_plan(plan: dict[str, Any]) -> str:
 def _slots(slots: int) -> str:
     """``, 20 slots each`` for a pool whose workers run several jobs; nothing otherwise."""
     return f", {slots} slots each" if slots > 1 else ""
+
+
+def _render_order(o: dict[str, Any]) -> str:
+    if o["order"] == "fifo":
+        return "priority, then FIFO, whatever the tenant (fair = false)"
+    weights = ", ".join(f"{t or '(no tenant)'} {w:g}" for t, w in o["weights"].items())
+    weighted = f"weights {weights}, others 1" if weights else "equal weights"
+    how = (
+        "every claim, one at a time per pool: caps"
+        if o["capped"]
+        else "one claim at a time per pool while more than one tenant is queued; else plain"
+    )
+    return f"fair share between tenants, {weighted} ({how})"
 
 
 def _render_sizing(s: dict[str, Any]) -> str:

@@ -270,6 +270,34 @@ KindRates = Annotated[
 ]
 
 
+def _weight(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{value!r} is not a weight (expected a number above zero, e.g. 3)")
+    if value == float("inf"):
+        raise ValueError(f"{value!r} is not a weight (expected a finite number, e.g. 3)")
+    return float(value)
+
+
+def _weight_table(value: Any) -> Any:
+    """``{ tenant = weight }``: tenants as enqueue takes them (``""`` is jobs without one)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is not a table (expected {{ tenant = weight, ... }})")
+    for tenant, weight in value.items():
+        if len(tenant) > NAME_MAX or any(c.isspace() or not c.isprintable() for c in tenant):
+            message = f"{tenant!r} is not a tenant (expected a name without spaces)"
+            raise _Problem(message, (tenant,))
+        try:
+            _weight(weight)
+        except ValueError as exc:
+            raise _Problem(str(exc), (tenant,)) from None
+    return value
+
+
+TenantWeights = Annotated[
+    dict[str, Annotated[float, BeforeValidator(_weight)]], BeforeValidator(_weight_table)
+]
+
+
 def _key(default: Any, about: str, *, example: Any = None, derived: str = "", **kw: Any) -> Any:
     """A documented key: ``about`` and ``example`` feed example_toml(); ``derived`` says what a
     computed default stands for (it is then shown commented out, with ``example``)."""
@@ -379,6 +407,17 @@ class PoolConfig(BaseModel):
         default_factory=dict,
         description="fleet-wide cap per kind of this pool, e.g. { render = 5 }",
     )
+    # ---- fair share between tenants (supervisor/store/fair.py) ----
+    fair: Annotated[bool, BeforeValidator(_flag)] = _key(
+        True,
+        "claim fairly between the tenants of queued jobs; false: strict priority, then FIFO "
+        "(a pool with caps always claims fairly)",
+    )
+    tenant_weights: TenantWeights = Field(
+        default_factory=dict,
+        description="a tenant's share of the pool against others' (default 1), e.g. { acme = 3 }",
+    )
+    # ---- end of fair share ----
     max_jobs_per_worker: OptPositive = _key(
         10_000, "a worker is replaced after this many jobs; false: never"
     )
@@ -475,6 +514,7 @@ class PoolConfig(BaseModel):
         _ordered(self, "min_workers", "max_workers", strict=False)
         _ordered(self, "heartbeat", "lease", strict=True)
         _ordered(self, "retry_backoff", "retry_backoff_max", strict=False)
+        _fair_keys(self)
         for kind in self.kind_max_inflight:
             if kind not in self.handlers:
                 known = ", ".join(map(repr, self.handlers))
@@ -505,6 +545,21 @@ class PoolConfig(BaseModel):
         if self.end_job_tree is not None:
             return self.end_job_tree
         return any(isinstance(h, CommandSpec) for h in self.handlers.values())
+
+
+def _fair_keys(pool: PoolConfig) -> None:
+    """``fair = false`` with a cap, or with ``tenant_weights``, would be a key without effect:
+    a capped claim always orders fairly (fair.py), and weights are the fair order's."""
+    if pool.fair:
+        return
+    caps = ("max_inflight", "tenant_max_inflight", "kind_max_inflight")
+    cap = next((k for k in caps if getattr(pool, k)), None)
+    if cap is not None:
+        message = f"false with {cap} set (expected true: a pool with caps always claims fairly)"
+        raise _Problem(message, ("fair",))
+    if pool.tenant_weights:
+        message = "false with tenant_weights set (expected true: weights order the fair claim)"
+        raise _Problem(message, ("fair",))
 
 
 def _ordered(pool: PoolConfig, low: str, high: str, *, strict: bool) -> None:
@@ -1021,6 +1076,7 @@ _EXAMPLE_POOLS: dict[str, tuple[str, dict[str, Any]]] = {
             **{"slots": 10, "job_memory": "20MiB"},
             **{"max_inflight": 50, "tenant_max_inflight": 10, "kind_max_inflight": {"enrich": 20}},
             **{"rate_limit": "50/s", "kind_rate_limit": {"enrich": "10/s"}},
+            **{"tenant_weights": {"acme": 3}},
         },
     ),
     "poison": (

@@ -94,11 +94,17 @@ class Claimed:
 class ClaimLimits:
     """Fleet-wide caps on leased jobs, checked inside the claim's transaction: per pool, per
     tenant (jobs without a tenant share one), per kind. None (or a kind not listed) means no
-    cap. A claim given limits also orders jobs fairly between tenants (docs/architecture.md)."""
+    cap. A claim given limits also orders jobs fairly between tenants (docs/architecture.md).
+
+    ``fair`` and ``weights`` (a tenant's weight, 1 when not listed) order the claim between
+    tenants: a capped claim always does; an uncapped one does while ``fair`` holds and the
+    pool's queue holds more than one tenant (supervisor/store/fair.py)."""
 
     max_inflight: int | None = None
     tenant_max_inflight: int | None = None
     kind_max_inflight: Mapping[str, int] = field(default_factory=dict)
+    fair: bool = True
+    weights: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def capped(self) -> bool:
@@ -108,6 +114,10 @@ class ClaimLimits:
             or self.tenant_max_inflight is not None
             or bool(self.kind_max_inflight)
         )
+
+    def weight(self, tenant: str) -> float:
+        """The tenant's weight (1 unless ``weights`` names it)."""
+        return self.weights.get(tenant, 1.0)
 
 
 @dataclass(frozen=True, slots=True)

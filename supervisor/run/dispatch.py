@@ -11,18 +11,19 @@ loop: one claim per pool is in flight at a time; its reply fills the buffer and 
 once. On PostgreSQL an idle pool arms its claim in the store process, which runs it when a
 NOTIFY names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and ``DISARM`` adjust it).
 
-Claims pass the pool's fleet-wide caps (``ClaimLimits``) and retry budget to the store, which
-enforces both for every host at once; failures carry the budget too. A pool with rate limits
-claims through ``claim_rated`` (supervisor/store/rated.py), which spends its token buckets and
-says when the next token is due: no claim of that pool (or of a drained kind) goes out before
-then, whatever wakes it (``Pool.rate_gate``), so a rate-held backlog costs no polling. Claims
-are sized by the workers' room (an idle worker; for a pool of short jobs, what its pipeline may
-still hold, see ``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's
-adaptive poll is due, or a retry of a job this node failed becomes due (so retries keep their
-backoff instead of waiting for an idle pool's slow poll). Results are written in batches:
-failures and releases on the pass that saw them, acks up to ``ACK_WAIT`` later. When the store
-is unreachable every write stays in the outbox and is retried with backoff; nothing is dropped.
-Owned by the supervisor's main thread.
+Claims pass the pool's fleet-wide caps and its order between tenants (``ClaimLimits``: fair
+share and weights) and retry budget to the store, which enforces them for every host at once;
+failures carry the budget too. A pool with rate limits claims through ``claim_rated``
+(supervisor/store/rated.py), which spends its token buckets and says when the next token is
+due: no claim of that pool (or of a drained kind) goes out before then, whatever wakes it
+(``Pool.rate_gate``), so a rate-held backlog costs no polling. Claims are sized by the workers'
+room (an idle worker; for a pool of short jobs, what its pipeline may still hold, see
+``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's adaptive poll is
+due, or a retry of a job this node failed becomes due (so retries keep their backoff instead of
+waiting for an idle pool's slow poll). Results are written in batches: failures and releases on
+the pass that saw them, acks up to ``ACK_WAIT`` later. When the store is unreachable every
+write stays in the outbox and is retried with backoff; nothing is dropped. Owned by the
+supervisor's main thread.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class Dispatcher:
             "n": want,
             "node": self.node_id,
             "lease": c.lease,
-            "limits": limits if limits.capped else None,
+            "limits": limits if limits.capped or limits.fair else None,
             "budget": _budget(c.retry_budget),
         }
         self.claiming.add(pool.name)
@@ -208,6 +209,8 @@ class Dispatcher:
                 **claim,
             )
             return
+        if limits.capped or limits.fair:  # not armed: the results may be written meanwhile
+            claim["finished"] = self.outbox.finished(pool.name) or None
         self.link.submit(
             "claim_rows", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
         )
@@ -365,7 +368,7 @@ class Dispatcher:
                 return
             lease = job.claimed.lease
             row = (pool.name, lease.job_id, lease.token, result, msg.peak_rss, msg.duration)
-            self.outbox.ack(pool.name, row, now)
+            self.outbox.ack(pool.name, row, now, job.claimed.tenant)
             self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
             if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
                 log_job(

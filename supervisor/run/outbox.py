@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,18 +85,27 @@ class Outbox:
         self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
         self.retries_due: dict[str, list[float]] = {}  # pool -> heap of monotonic instants
         self.on_freed = lambda pool: None  # set by the dispatcher: wake a capped pool
+        # per (pool, tenant): acks and failures in ``todo``, not sent yet. A claim sent now runs
+        # before them on the link, and the fair order leaves them out (fair.Running.finished)
+        self.finishing: Counter[tuple[str, str]] = Counter()
         self.on_retry_due = lambda pool, at: None  # set by the dispatcher: poll then
 
     # ---- adding ------------------------------------------------------------------------
 
-    def ack(self, pool: str, ack: AckRow, now: float) -> None:
+    def ack(self, pool: str, ack: AckRow, now: float, tenant: str | None = None) -> None:
         """A result to write: (pool, job id, lease token, result JSON, peak RSS, duration)."""
         if not self.todo.acks:
             self.acks_due = now + ACK_WAIT
         self.todo.acks.append(ack)
+        self.finishing[(pool, tenant or "")] += 1
+
+    def finished(self, pool: str) -> dict[str, int]:
+        """Per tenant, the pool's results not sent yet (a claim's ``finished``)."""
+        return {t: n for (p, t), n in self.finishing.items() if p == pool}
 
     def fail(self, pool: str, failure: Failure, claimed: Claimed) -> None:
         self.todo.fails.append((pool, failure))
+        self.finishing[(pool, claimed.tenant or "")] += 1
         self.failed[failure.lease.job_id] = claimed  # for the dead-letter line, if it dies
 
     def release(self, lease: Lease) -> None:
@@ -124,6 +134,9 @@ class Outbox:
         ):
             return
         self.writing, self.todo = todo, Results()
+        # sent: a claim sent after this runs after it. A batch that fails comes back to todo
+        # uncounted; until it is written, the fair order counts those jobs as running
+        self.finishing.clear()
         self.link.submit("write_results", todo, on_reply=self._written)
 
     def _written(self, reply: Reply) -> None:

@@ -94,9 +94,16 @@ class Pool:
 
     @property
     def limits(self) -> ClaimLimits:
-        """The pool's fleet-wide caps, as the store's claim takes them."""
+        """The pool's fleet-wide caps and its order between tenants, as the store's claim
+        takes them."""
         c = self.config
-        return ClaimLimits(c.max_inflight, c.tenant_max_inflight, c.kind_max_inflight)
+        return ClaimLimits(
+            c.max_inflight,
+            c.tenant_max_inflight,
+            c.kind_max_inflight,
+            fair=c.fair,
+            weights=c.tenant_weights,
+        )
 
     @cached_property
     def rate(self) -> RateLimit | None:

@@ -59,6 +59,7 @@ class Store(Protocol):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[Claimed]: ...
     def claim_rows(
         self,
@@ -70,6 +71,7 @@ class Store(Protocol):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]: ...
     def claim_rated(
         self,

@@ -1,4 +1,6 @@
-"""The capped claim's transaction: ``SqlStore.claim`` with capped ``ClaimLimits`` comes here.
+"""The capped claim's transaction: ``SqlStore.claim`` with capped ``ClaimLimits`` comes here,
+and so does a fair pool's claim while more than one tenant is queued (no caps to keep: the
+room is the claim's ``n``).
 
 What to take, and in which order, is decided in supervisor/store/fair.py (its statements and the
 pure fair pick, with the reasoning). This module runs those steps against the database: count,
@@ -13,7 +15,7 @@ plain claim does (what it takes from ``SqlStore`` is declared at the top of the 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -55,11 +57,15 @@ class CappedClaims:
         lease: float,
         limits: ClaimLimits,
         budget: RetryBudget | None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]:
-        """Count, choose and lease in one transaction, serialised per pool (fair.py)."""
+        """Count, choose and lease in one transaction, serialised per pool (fair.py).
+        ``finished``: this node's ended jobs not yet written, left out of the fair order."""
         with self._tx() as conn:
             self._lock_claims(conn, pool)
-            return self._capped_in(conn, pool, kinds, n, node, lease, limits, budget)
+            return self._capped_in(
+                conn, pool, kinds, n, node, lease, limits, budget, finished=finished
+            )
 
     def _capped_in(
         self,
@@ -72,11 +78,13 @@ class CappedClaims:
         limits: ClaimLimits,
         budget: RetryBudget | None,
         kind_tokens: dict[str, int] | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]:
         """The capped claim inside a transaction that holds the pool's claim lock.
         ``kind_tokens``: rate-limited kinds' tokens (supervisor/store/rated.py), each kind
-        then capped at its leased jobs plus its tokens."""
-        running = fair.Running.of(conn.execute(self._leased_stmt, {"c_pool": pool}))
+        then capped at its leased jobs plus its tokens. ``finished``: as ``claim``'s."""
+        leased = conn.execute(self._leased_stmt, {"c_pool": pool})
+        running = fair.Running.of(leased, finished)
         if kind_tokens:
             limits = with_kind_tokens(limits, running.kinds, kind_tokens)
         room = running.room(limits, n)

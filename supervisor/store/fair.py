@@ -1,8 +1,13 @@
-"""The capped claim: fleet-wide caps per pool, tenant and kind, and fair shares between tenants.
+"""The fair claim: weighted fair shares between tenants, and fleet-wide caps per pool, tenant
+and kind.
 
-``SqlStore.claim`` with ``ClaimLimits`` runs these steps in one transaction, serialised per pool
-(SQLite: ``BEGIN IMMEDIATE``, the database's one writer; PostgreSQL: an advisory lock keyed on
-the pool, ``PostgresStore._lock_claims``), so two hosts never both see room for the same slot:
+``SqlStore.claim`` runs these steps for a pool with caps, and for a fair pool (``fair``, the
+default) whose queue holds more than one tenant (``one_tenant``, ``tenants_differ``: two index
+probes; with one tenant or none, fair order is the plain claim's order and the plain statement
+serves, see ``SqlStore.claim_rows``). One transaction, serialised per pool (SQLite: ``BEGIN
+IMMEDIATE``, the database's one writer; PostgreSQL: an advisory lock keyed on the pool,
+``PostgresStore._lock_claims``), so two hosts never both see room for the same slot, and the
+running counts a claim orders by stay true until it has leased:
 
 1. ``leased_stmt``: the pool's leased jobs counted per (tenant, kind), from a small partial
    index. Leased rows are few (at most the caps), so this is cheap however deep the queue.
@@ -18,15 +23,39 @@ the pool, ``PostgresStore._lock_claims``), so two hosts never both see room for 
    (``heads_decide``: few tenants, or uneven running counts) is it read again with ``k``.
 4. The chosen ids are leased (``CappedClaims._take_stmt``), exactly as the plain claim leases.
 
-Fair order: a tenant's r-th candidate gets the position ``running + r``, where ``running`` is
-the tenant's jobs leased now, fleet-wide; lower positions are served first, ties by priority,
-then round-robin: tenants in the order they come after the cursor (the tenant last served).
-So every tenant's next job comes before any job that would put a tenant further ahead, across
-claims and hosts: a tenant with 100,000 queued jobs and three running waits while a tenant
-with ten queued and none running gets a slot. Priority orders jobs within a tenant and breaks
-ties between tenants; it never gives one tenant a second slot ahead of another's first. Jobs
-without a tenant share the tenant ``''``. The cursor is kept per store (per host), so hosts
-take turns from their own positions; the positions, read from the database, are shared.
+Fair order (weighted). A tenant ``t`` has a weight ``w`` (``tenant_weights``; 1 when not
+listed) and ``R`` jobs leased now, fleet-wide. Its r-th candidate (r = 1, 2, ... in its own
+priority-then-FIFO order) would be its slot ``s = R + r``, and gets the sort key
+
+    (level, turn in level, -priority, round-robin turn, r)
+    level         = 1 + floor((s - 1) / w)      which "round" the slot belongs to
+    turn in level = s - ceil((level - 1) * w)   1 for the tenant's first slot in that round
+
+(``slot_key``). Lowest key first. A round gives each tenant ``w`` slots (``w`` on average, for
+a weight that is not a whole number: 0.5 is a slot every other round), and within a round
+every tenant's first slot comes before any tenant's second: a round robin that gives a tenant
+of weight 3 three turns to a weight-1 tenant's one. So, while both have backlog, a pool whose
+slots fill whole rounds runs them in the ratio of their weights (8 slots, weights 3 and 1: 6
+and 2); a partial round is handed out turn by turn (2 slots, weights 3 and 1: one each, never
+two and none). With every weight 1 the key is the tenant's position ``R + r``, as for equal
+shares.
+
+What the key promises: a tenant with nothing leased has its first job at level 1 and turn 1,
+ahead of every tenant that already runs a job (level 1, turn 2 or more, or a higher level):
+a tenant with 100,000 queued jobs and three running waits while a tenant with ten queued and
+none running gets a slot. Priority orders jobs within a tenant and breaks ties between
+tenants at the same (level, turn); it never gives one tenant a slot ahead of another tenant's
+earlier turn. Then the round-robin turn: tenants in the order they come after the cursor (the
+tenant last served). Jobs without a tenant share the tenant ``''`` (weight 1 unless
+listed). The cursor is kept per store (per host), so hosts take turns from their own
+positions; ``R``, read from the database, is shared, so the order holds across hosts.
+
+Why levels and not the plain ratio ``(R + r) / w``: positions by ratio starve a light tenant
+whenever the pool has fewer slots than the weights add up to (2 slots, weights 3 and 1: after
+each of the heavy tenant's jobs its next is at 2/3, always ahead of the light tenant's 1). Why
+running counts and not a start count (stride scheduling): running counts are in the database,
+the same for every host and every claim, with no state to store or age; the price is that
+shares are of slots held now, not of jobs started over time (equal when jobs take equal time).
 
 Kind caps and the bound ``k``: if a tenant's first ``k`` rows were read across all kinds, rows
 of a kind capped at 1 could fill them and hide the rows that could be taken. So each capped
@@ -36,8 +65,9 @@ kind with room is read on its own, at most its room per tenant, and the other ki
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,16 +103,30 @@ class Running:
     total: int = 0
     tenants: Counter[str] | None = None
     kinds: Counter[str] | None = None
+    # per tenant: leased jobs the claiming node has seen end, whose results it has not written
+    # yet (they are written after this claim). Caps count them (their leases are held until
+    # written); the fair order does not (``placed``): a claim sent in the same loop pass as
+    # those results would otherwise see the tenants that just finished as still running
+    finished: Mapping[str, int] | None = None
 
     @classmethod
-    def of(cls, rows: Iterable[Any]) -> Running:
+    def of(cls, rows: Iterable[Any], finished: Mapping[str, int] | None = None) -> Running:
         """From ``leased_stmt`` rows (tenant, kind, count)."""
         tenants: Counter[str] = Counter()
         kinds: Counter[str] = Counter()
         for tenant, kind, count in rows:
             tenants[tenant] += count
             kinds[kind] += count
-        return cls(sum(tenants.values()), tenants, kinds)
+        return cls(sum(tenants.values()), tenants, kinds, finished)
+
+    def placed(self, tenant: str) -> int:
+        """``R`` of the fair order: the tenant's leased jobs less those that ended here.
+
+        >>> Running(3, Counter(a=3), finished={"a": 2, "b": 1}).placed("a")
+        1
+        """
+        leased = (self.tenants or Counter())[tenant]
+        return max(0, leased - (self.finished or {}).get(tenant, 0))
 
     def room(self, limits: ClaimLimits, n: int) -> int:
         """How many jobs this claim may take at most."""
@@ -130,6 +174,25 @@ class Window:
         return self.tenants[-1] if self.full and self.tenants else None
 
 
+# Float weights: a slot exactly on a round's boundary must not fall into the next round
+# because (s - 1) / w came out a hair above a whole number.
+_EPS = 1e-9
+
+
+def slot_key(running: int, rank: int, weight: float) -> tuple[int, int]:
+    """(level, turn in level) of a tenant's ``rank``-th candidate, the tenant running
+    ``running`` jobs with ``weight`` (module docstring).
+
+    >>> [slot_key(0, r, 3) for r in (1, 2, 3, 4)]
+    [(1, 1), (1, 2), (1, 3), (2, 1)]
+    >>> [slot_key(0, r, 1) for r in (1, 2)], [slot_key(0, r, 0.5) for r in (1, 2)]
+    ([(1, 1), (2, 1)], [(1, 1), (3, 1)])
+    """
+    s = running + rank
+    level = 1 + math.floor((s - 1) / weight + _EPS)
+    return level, s - math.ceil((level - 1) * weight - _EPS)
+
+
 def per_tenant(limits: ClaimLimits, room: int) -> int:
     """``k``: the most one claim can take from one tenant, so the most worth reading."""
     cap = limits.tenant_max_inflight
@@ -162,9 +225,9 @@ def heads_decide(
         return True
     if len(kind_groups(running, limits, kinds, 1)) != 1 or len(taken) < room:
         return False
-    busy = running.tenants or Counter()
-    highest = max(busy[c.tenant] + 1 for c in taken)
-    return all(highest < busy[c.tenant] + 2 for c in window.candidates)
+    placed, weight = running.placed, limits.weight
+    highest = max(slot_key(placed(c.tenant), 1, weight(c.tenant)) for c in taken)
+    return all(highest < slot_key(placed(c.tenant), 2, weight(c.tenant)) for c in window.candidates)
 
 
 def kind_groups(
@@ -187,8 +250,8 @@ def kind_groups(
 
 
 def pick(window: Window, running: Running, limits: ClaimLimits, room: int) -> list[Candidate]:
-    """The jobs to lease, in fair order (module docstring), within the room left for the pool,
-    each tenant and each kind.
+    """The jobs to lease, in weighted fair order (module docstring, ``slot_key``), within the
+    room left for the pool, each tenant and each kind.
 
     >>> w = Window([Candidate(1, "big", "k", 0, 1.0), Candidate(2, "big", "k", 0, 2.0),
     ...             Candidate(9, "small", "k", 0, 5.0)], ["big", "small"])
@@ -202,8 +265,9 @@ def pick(window: Window, running: Running, limits: ClaimLimits, room: int) -> li
     ordered = []
     for c in sorted(window.candidates, key=lambda c: (c.tenant, -c.priority, c.available_at, c.id)):
         rank[c.tenant] += 1
-        position = tenants_running[c.tenant] + rank[c.tenant]
-        ordered.append(((position, -c.priority, turn.get(c.tenant, len(turn)), rank[c.tenant]), c))
+        level, within = slot_key(running.placed(c.tenant), rank[c.tenant], limits.weight(c.tenant))
+        tie = (-c.priority, turn.get(c.tenant, len(turn)), rank[c.tenant])
+        ordered.append(((level, within, *tie), c))
     ordered.sort(key=lambda item: item[0])
 
     taken: list[Candidate] = []
@@ -313,6 +377,36 @@ def _next_tenant(table: Any, after: ColumnElement[str] | None) -> Any:
     tenant = _tenant_of(table)
     where = [_queued_in_pool(table)] if after is None else [_queued_in_pool(table), tenant > after]
     return select(tenant).where(*where).order_by(tenant).limit(1).scalar_subquery()
+
+
+def _tenant_bounds() -> tuple[Any, Any]:
+    """The lowest and the highest tenant with queued jobs in the pool ``c_pool`` (NULL when
+    none): one probe of ``ix_jobs_tenant_claim`` each, whatever the queue's depth."""
+    low, high = jobs.alias("low_t"), jobs.alias("high_t")
+    # literals, not bound values: SQLite plans a partial index from a bound value only by
+    # preparing the statement again whenever it is bound, on every claim (~0.1 ms)
+    queued = literal_column(f"'{QUEUED}'")
+    first = select(_tenant_of(low)).where(low.c.pool == bindparam("c_pool"), low.c.state == queued)
+    last = select(_tenant_of(high)).where(
+        high.c.pool == bindparam("c_pool"), high.c.state == queued
+    )
+    return (
+        first.order_by(_tenant_of(low)).limit(literal_column("1")).scalar_subquery(),
+        last.order_by(_tenant_of(high).desc()).limit(literal_column("1")).scalar_subquery(),
+    )
+
+
+def one_tenant() -> ColumnElement[bool]:
+    """True while the pool's queued jobs are all one tenant's (NULL, so false, when none is
+    queued): the guard of a fair pool's plain claim, under which fair order is plain order."""
+    low, high = _tenant_bounds()
+    return low == high
+
+
+def tenants_differ() -> ColumnElement[bool]:
+    """True when the pool's queued jobs belong to more than one tenant."""
+    low, high = _tenant_bounds()
+    return low != high
 
 
 Run = Callable[[dict[str, Any]], Iterable[Any]]

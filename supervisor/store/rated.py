@@ -138,7 +138,10 @@ class RatedClaims:
         if allowance.n <= 0 or not allowance.kinds:
             return []
         limits = limits or ClaimLimits()
-        if limits.capped or allowance.kind_tokens:
+        # rated claims hold the pool's claim lock already, so the fair order costs them no
+        # serialisation: a fair pool takes it on every rated claim (the plain statement
+        # below would be FIFO whatever the tenants)
+        if limits.capped or allowance.kind_tokens or limits.fair:
             return self._capped_in(
                 conn,
                 pool,

@@ -26,7 +26,7 @@ delivery ``cancelled`` whichever verb ends it: ack (its result kept), fail, rele
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
@@ -72,7 +72,7 @@ from supervisor.model import (
     ReapOutcome,
     RetryBudget,
 )
-from supervisor.store import driver, migrations
+from supervisor.store import driver, fair, migrations
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
 from supervisor.store.controls import ControlTable
@@ -154,6 +154,12 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
     def _token(self) -> ColumnElement[str]:
         """A fresh random lease token per row, made by the database."""
         raise NotImplementedError
+
+    # Where a fair pool's plain claim tests its guard (``_claim_stmt``). PostgreSQL: in the
+    # WHERE, a one-time filter that stops the scan when false (an expression in the LIMIT
+    # would hide the limit from the planner, which then hashes the whole table). SQLite: in
+    # the LIMIT (0 when false), as a false WHERE term is tested on every row of the pool.
+    _guard_in_limit = False
 
     def _mostly_true(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
         """Hook: ``condition`` as a planner hint that it holds for most rows (SQLite)."""
@@ -301,14 +307,25 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
         """Lease up to ``n`` ready jobs of ``pool`` whose kind is in ``kinds``, highest
         priority first, then longest waiting. Counts a delivery on each (and in the pool's
         retry ``budget``, when it has one). With capped ``limits``, stays within the pool's,
         tenants' and kinds' fleet-wide caps and orders fairly between tenants
-        (``CappedClaims``, supervisor/store/capped.py and fair.py)."""
+        (``CappedClaims``, supervisor/store/capped.py and fair.py); with ``limits.fair``,
+        orders fairly between tenants whenever more than one is queued. ``finished``: per
+        tenant, this node's jobs of the pool that ended but whose results are not written
+        yet; the fair order does not count them as running (caps still do)."""
         rows = self.claim_rows(
-            pool=pool, kinds=kinds, n=n, node=node, lease=lease, limits=limits, budget=budget
+            pool=pool,
+            kinds=kinds,
+            n=n,
+            node=node,
+            lease=lease,
+            limits=limits,
+            budget=budget,
+            finished=finished,
         )
         return [as_claimed(r) for r in rows]
 
@@ -322,21 +339,55 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
         lease: float,
         limits: ClaimLimits | None = None,
         budget: RetryBudget | None = None,
+        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]:
         """``claim``, its jobs as ``ClaimRow`` tuples in claim order: what a store process
         sends to its loop, without building objects it would take apart again."""
         if n <= 0 or not kinds:
             return []
         if limits is not None and limits.capped:
-            return self._claim_capped(pool, kinds, n, node, lease, limits, budget)
-        raw, params = self._plain_claim(pool, kinds, n, node, lease)
+            return self._claim_capped(pool, kinds, n, node, lease, limits, budget, finished)
+        # fair: the plain claim, guarded to take nothing while more than one tenant queues
+        # (one index probe each way); then, and only then, the fair claim (fair.py). A pool
+        # found mixed goes straight to the fair claim until a fair claim's window holds one
+        # tenant or none: which to try first is all the flag decides, both are right always
+        by_tenant = limits is not None and limits.fair
+        if by_tenant and pool in self._mixed_pools:
+            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
+        raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=by_tenant)
         with self._auto() as conn:
             rows = driver.fetchall(conn, raw, params)
+            mixed = by_tenant and not rows and self._mixed(conn, pool)
             if budget is not None and rows:
                 at = rows[0][CLAIMED_AT]
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        if mixed:
+            self._mixed_pools.add(pool)
+            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
+
+    def _claim_fair(self, pool: str, *args: Any) -> list[ClaimRow]:
+        """The fair claim of an uncapped pool (capped.py's transaction, no caps to keep)."""
+        cursor = self._cursors.get(pool)
+        rows = self._claim_capped(pool, *args)
+        if self._widths.get(pool, 0) <= 1:  # its window saw one tenant queued, or none:
+            self._mixed_pools.discard(pool)  # the plain claim's turn, which keeps the cursor
+            self._cursors[pool] = cursor
+        return rows
+
+    @cached_property
+    def _mixed_pools(self) -> set[str]:
+        """Pools whose last look found more than one tenant queued (per store: per host)."""
+        return set()
+
+    def _mixed(self, conn: Connection, pool: str) -> bool:
+        """Whether the pool's queue holds jobs of more than one tenant (two index probes)."""
+        return bool(conn.execute(self._mixed_stmt, {"c_pool": pool}).scalar())
+
+    @cached_property
+    def _mixed_stmt(self) -> Any:
+        return select(fair.tenants_differ())
 
     @cached_property
     def _budgets(self) -> Budgets:
@@ -357,36 +408,62 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
         }
 
     def claim_statement(
-        self, *, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+        self,
+        *,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        one_tenant: bool = False,
     ) -> tuple[str, Any]:
         """The SQL and driver parameters of an uncapped ``claim`` (for EXPLAIN, in
-        benchmarks and tests: it does not pass through SQLAlchemy's execute events)."""
-        raw, params = self._plain_claim(pool, kinds, n, node, lease)
+        benchmarks and tests: it does not pass through SQLAlchemy's execute events);
+        ``one_tenant``: the fair pool's guarded form."""
+        raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=one_tenant)
         return raw.sql, raw.rows([params])[0]
 
     def _plain_claim(
-        self, pool: str, kinds: Collection[str], n: int, node: str, lease: float
+        self,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        *,
+        one_tenant: bool = False,
     ) -> tuple[driver.Raw, dict[str, Any]]:
         params = {"c_pool": pool, "c_n": n, "c_node": node, "c_lease": lease}
         params.update((f"c_kind{i}", kind) for i, kind in enumerate(sorted(kinds)))
-        return self._claim_raw(len(kinds)), self._with_now(params)
+        return self._claim_raw(len(kinds), one_tenant), self._with_now(params)
 
-    def _claim_raw(self, n_kinds: int) -> driver.Raw:
+    def _claim_raw(self, n_kinds: int, one_tenant: bool = False) -> driver.Raw:
         """The claim for a pool of ``n_kinds`` kinds, compiled once: claiming is most of a
         short job's cost, and SQLAlchemy's per-call compile-cache lookup, parameter and
-        result processing took half of it (the driver's rows are what the claim needs)."""
-        raw = self._claim_raws.get(n_kinds)
+        result processing took half of it (the driver's rows are what the claim needs).
+        ``one_tenant``: the form a fair pool runs, which takes nothing while jobs of more
+        than one tenant are queued."""
+        raw = self._claim_raws.get((n_kinds, one_tenant))
         if raw is None:
-            stmt = self._claim_stmt(n_kinds)
-            raw = self._claim_raws[n_kinds] = driver.Raw.of(stmt, self.engine.dialect)
+            stmt = self._claim_stmt(n_kinds, one_tenant)
+            raw = driver.Raw.of(stmt, self.engine.dialect)
+            self._claim_raws[(n_kinds, one_tenant)] = raw
         return raw
 
     @cached_property
-    def _claim_raws(self) -> dict[int, driver.Raw]:
+    def _claim_raws(self) -> dict[tuple[int, bool], driver.Raw]:
         return {}
 
-    def _claim_stmt(self, n_kinds: int) -> Any:
+    def _claim_stmt(self, n_kinds: int, one_tenant: bool = False) -> Any:
         now = self._now()
+        # a fair pool's guard: the lowest and the highest tenant queued are one, found by one
+        # index probe each (both NULL, so false, when nothing is queued). Evaluated once, when
+        # the statement starts; a tenant that arrives after it waits for the next claim
+        guard, limit = [], bindparam("c_n", type_=Integer)
+        if one_tenant and self._guard_in_limit:
+            limit = case((fair.one_tenant(), limit), else_=literal(0, Integer))
+        elif one_tenant:
+            guard = [fair.one_tenant()]
         ready = (
             select(jobs.c.id)
             .where(
@@ -394,9 +471,10 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
                 jobs.c.state == QUEUED,
                 self._mostly_true(jobs.c.available_at <= now),
                 jobs.c.kind.in_([bindparam(f"c_kind{i}") for i in range(n_kinds)]),
+                *guard,
             )
             .order_by(jobs.c.priority.desc(), jobs.c.available_at, jobs.c.id)
-            .limit(bindparam("c_n", type_=Integer))
+            .limit(limit)
             .with_for_update(skip_locked=True)
         )
         return (

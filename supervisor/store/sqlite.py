@@ -36,6 +36,7 @@ _AUTOCOMMIT = "fleetd_autocommit"
 
 class SqliteStore(SqlStore):
     dialect = "sqlite"
+    _guard_in_limit = True  # a fair pool's guard (SqlStore._claim_stmt)
 
     def __init__(self, url: URL, clock: Clock | None = None, *, create: bool = True) -> None:
         database = url.database or ""

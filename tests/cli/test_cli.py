@@ -126,6 +126,25 @@ def test_check_prints_the_sizing_plan_of_the_example_config():
     sizing = plan["pools"]["interactive"]["sizing"]
     assert sizing["ceiling"] <= min(sizing["max_workers"], sizing["max_inflight"])
     assert sizing["binding"] in {"max_workers", "cpu", "memory", "max_inflight"}
+    # which order each pool's claims take
+    assert plan["pools"]["interactive"]["order"] == {
+        "order": "fair",
+        "weights": {"acme": 3.0},
+        "capped": True,
+    }
+    assert plan["pools"]["bulk"]["order"]["capped"] is False
+    assert "order: fair share between tenants, weights acme 3, others 1" in out.output
+
+
+def test_check_says_a_pool_without_fair_share_is_fifo(tmp_path):
+    config = tmp_path / "fleet.toml"
+    config.write_text(
+        '[fleet]\ndatabase = "sqlite:///x.db"\n[pools.bulk]\nhandlers = { r = "json:dumps" }\n'
+        "fair = false\n"
+    )
+    out = run("check", "-c", str(config))
+    assert out.exit_code == 0, out.output
+    assert "order: priority, then FIFO, whatever the tenant (fair = false)" in out.output
 
 
 def _dead_job(db_url: str, error: str = "no doc") -> int:

@@ -7,16 +7,21 @@ the latest one issued for a leased job); attempts never decrease except by exact
 release; a job is dead only when attempts reached max_deliveries or it failed permanently;
 release never counts a delivery; every verb reports exactly the leases it could not use.
 
-Capped claims (``ClaimLimits``) are checked against a reference of the fair order written
-independently of supervisor/store/fair.py: repeatedly take the job whose tenant has the fewest
-leased-or-just-taken jobs, then the highest priority, then the tenant next in round-robin turn;
-never past the pool's or a tenant's cap.
+Capped claims (``ClaimLimits``) and fair claims without caps (with or without weights) are
+checked against a reference of the weighted fair order written independently of
+supervisor/store/fair.py: repeatedly take the job whose tenant's next slot (leased-or-just-taken
++ 1) falls in the earliest round of its weight, then the earliest turn in that round, then the
+highest priority, then the tenant next in round-robin turn; never past the pool's or a tenant's
+cap. A fair claim without caps while at most one tenant is queued is the plain claim (and
+leaves the round-robin cursor where it was).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -36,6 +41,7 @@ from supervisor.model import Ack, ClaimLimits, ErrorKind, Failure, JobState, Lea
 from supervisor.store.schema import jobs
 
 POOL, KINDS, LEASE = "p", {"k"}, 10.0
+WEIGHTS = [{}, {"a": 3}, {"a": 2, "b": 0.5}, {"": 2, "c": 1.5}]
 
 
 @dataclass
@@ -129,11 +135,14 @@ class LeaseMachine(RuleBasedStateMachine):
         n=st.integers(1, 5),
         max_inflight=st.sampled_from([None, 1, 2, 4]),
         tenant_max=st.sampled_from([None, 1, 2]),
+        weights=st.sampled_from(WEIGHTS),
     )
-    def claim_capped(self, n: int, max_inflight: int | None, tenant_max: int | None) -> None:
-        limits = ClaimLimits(max_inflight, tenant_max)
+    def claim_capped(
+        self, n: int, max_inflight: int | None, tenant_max: int | None, weights: dict[str, float]
+    ) -> None:
+        limits = ClaimLimits(max_inflight, tenant_max, weights=weights)
         if not limits.capped:
-            limits = ClaimLimits(max_inflight=100)
+            limits = ClaimLimits(max_inflight=100, weights=weights)
         expected = self.fair_choice(n, limits)
         got = self.store.claim(pool=POOL, kinds=KINDS, n=n, node="n", lease=LEASE, limits=limits)
         assert [c.job_id for c in got] == expected
@@ -146,9 +155,35 @@ class LeaseMachine(RuleBasedStateMachine):
             assert c.attempt == e.attempts and (c.tenant or "") == e.tenant
             self.issued.append(c.lease)
 
+    @rule(n=st.integers(1, 5), weights=st.sampled_from(WEIGHTS))
+    def claim_fair(self, n: int, weights: dict[str, float]) -> None:
+        """A pool without caps, fair by default: fair order while more than one tenant has
+        queued jobs, else the plain claim."""
+        limits = ClaimLimits(weights=weights)
+        queued = {e.tenant for e in self.model.values() if e.state is JobState.QUEUED}
+        if len(queued) > 1:
+            expected = self.fair_choice(n, limits)
+        else:
+            ready = sorted(
+                (-e.priority, e.available_at, jid)
+                for jid, e in self.model.items()
+                if e.state is JobState.QUEUED and e.available_at <= self.now()
+            )
+            expected = [jid for _, _, jid in ready[:n]]
+        got = self.store.claim(pool=POOL, kinds=KINDS, n=n, node="n", lease=LEASE, limits=limits)
+        assert [c.job_id for c in got] == expected
+        for c in got:
+            e = self.model[c.job_id]
+            assert c.lease.token not in self.tokens
+            self.tokens.add(c.lease.token)
+            e.state, e.attempts, e.token = JobState.LEASED, e.attempts + 1, c.lease.token
+            e.locked_until = self.now() + LEASE
+            self.issued.append(c.lease)
+
     def fair_choice(self, n: int, limits: ClaimLimits) -> list[int]:
-        """The reference: one job at a time, from the tenant with the fewest jobs leased or
-        taken, highest priority, then round-robin turn after the cursor; within the caps."""
+        """The reference: one job at a time, from the tenant whose next slot comes in the
+        earliest round (a round holds ``weight`` slots of a tenant), then the earliest turn
+        in it, highest priority, then round-robin turn after the cursor; within the caps."""
         leased = [e for e in self.model.values() if e.state is JobState.LEASED]
         running = {t: sum(e.tenant == t for e in leased) for t in ("", "a", "b", "c")}
         queued = {e.tenant for e in self.model.values() if e.state is JobState.QUEUED}
@@ -173,10 +208,14 @@ class LeaseMachine(RuleBasedStateMachine):
                     continue
                 head = next((r for r in ready if self.model[r[2]].tenant == tenant), None)
                 if head is not None:
-                    heads.append((running[tenant], head[0], turn, head))
+                    w = Fraction(limits.weights.get(tenant, 1))
+                    slot = running[tenant] + 1  # the slot this job would be, 1-based
+                    rounds = math.floor((slot - 1) / w)  # whole rounds before its own
+                    in_round = slot - math.ceil(rounds * w)
+                    heads.append((rounds, in_round, head[0], turn, head))
             if not heads:
                 break
-            _, _, _, head = min(heads)
+            *_, head = min(heads)
             ready.remove(head)
             taken.append(head[2])
             running[self.model[head[2]].tenant] += 1

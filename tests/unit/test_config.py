@@ -54,6 +54,14 @@ def error(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -> s
 # ---- defaults ----
 
 
+def test_fair_share_keys(tmp_path: Path) -> None:
+    pool = bulk(tmp_path, "")
+    assert pool.fair is True and pool.tenant_weights == {}
+    pool = bulk(tmp_path, 'tenant_weights = { acme = 3, "" = 0.5 }')
+    assert pool.tenant_weights == {"acme": 3.0, "": 0.5}
+    assert bulk(tmp_path, "fair = false").fair is False
+
+
 def test_pool_defaults(tmp_path: Path) -> None:
     pool = bulk(tmp_path, "")
     assert pool.name == "bulk"
@@ -376,6 +384,30 @@ VALUE_ERRORS = [
         'retry_backoff_max = "500ms"',
         "pools.bulk.retry_backoff_max",
         ["'500ms' is below retry_backoff '1s'", "retry_backoff <= retry_backoff_max"],
+    ),
+    # fair share
+    ('fair = "no"', "pools.bulk.fair", ["'no' is not a boolean"]),
+    ("tenant_weights = { acme = 0 }", "pools.bulk.tenant_weights.acme", ["0 is not a weight"]),
+    ("tenant_weights = { acme = -2.5 }", "pools.bulk.tenant_weights.acme", ["-2.5 is not a"]),
+    ('tenant_weights = { acme = "3" }', "pools.bulk.tenant_weights.acme", ["'3' is not a"]),
+    ("tenant_weights = { acme = true }", "pools.bulk.tenant_weights.acme", ["True is not a"]),
+    ("tenant_weights = { acme = inf }", "pools.bulk.tenant_weights.acme", ["a finite number"]),
+    ("tenant_weights = { acme = nan }", "pools.bulk.tenant_weights.acme", ["nan is not a"]),
+    ("tenant_weights = 3", "pools.bulk.tenant_weights", ["3 is not a table"]),
+    (
+        'tenant_weights = { "a b" = 2 }',
+        'pools.bulk.tenant_weights."a b"',
+        ["'a b' is not a tenant"],
+    ),
+    (
+        "fair = false\nmax_inflight = 4",
+        "pools.bulk.fair",
+        ["false with max_inflight set", "always claims fairly"],
+    ),
+    (
+        "fair = false\ntenant_weights = { acme = 2 }",
+        "pools.bulk.fair",
+        ["false with tenant_weights set"],
     ),
 ]
 
