@@ -208,3 +208,36 @@ def test_a_kind_held_pool_with_another_kind_waits_without_spinning(fleet: Harnes
     assert 4 <= done <= 2 * wall + 2, f"{done} jobs in {wall:.1f}s at 2/s"
     assert eventually(held, timeout=5), "held by rate shows while the kind's backlog waits"
     print(f"kind-held with a backlog: {used:.3f}s CPU in {wall:.1f}s ({done} jobs done)")
+
+
+def test_a_slow_kind_limit_does_not_hold_back_the_pools_other_kinds(fleet: Harness) -> None:
+    """A kind limited to 1/h holds its backlog for an hour; a job of another kind that comes
+    due meanwhile (a delay, so no wake-up announces it) starts at the pool's ordinary poll,
+    not when the held kind's next token is due."""
+    fleet.configure(
+        {
+            "api": {
+                "handlers": handlers("noop", "echo"),
+                "bound": "io",
+                "min_workers": 1,
+                "max_workers": 1,
+                "kind_rate_limit": {"echo": "1/h"},
+            }
+        }
+    )
+    sup = fleet.start("node-a")
+    sup.wait_workers(fleet.store, "api", 1)
+    assert fleet.client is not None
+    echo = fleet.client.enqueue_many([("echo", {}) for _ in range(3)])
+
+    def held() -> dict | None:
+        snap = sup.snapshot(fleet.store)
+        pool = (snap or {}).get("pools", {}).get("api", {})
+        return pool if pool.get("rate_held") else None
+
+    eventually(lambda: any(j.state is JobState.DONE for j in fleet.jobs(echo)), timeout=20)
+    eventually(held, timeout=20)
+    late = fleet.client.enqueue("noop", {}, delay=1.0)
+    (job,) = fleet.wait_final([late], timeout=20, watch=[sup])
+    assert job.state is JobState.DONE
+    assert sum(1 for j in fleet.jobs(echo) if j.state is JobState.DONE) == 1, "1/h holds"
