@@ -201,7 +201,13 @@ class Observer:
             paused_kinds=tuple(sorted(getattr(pool, "paused_kinds", ()))),
             rate_limit=c.rate_limit,
             kind_rate_limit=dict(c.kind_rate_limit),
-            rate_held=bool(getattr(pool, "rate_held", False) and stats and stats.ready),
+            # a paused pool claims nothing: its last claim's "held" is stale, the pause holds it
+            rate_held=bool(
+                getattr(pool, "rate_held", False)
+                and not getattr(pool, "paused", False)
+                and stats
+                and stats.ready
+            ),
             oldest_age=stats.oldest_ready_age if stats else 0.0,
             counts_capped=bool(stats and stats.capped),
             arrival_rate=series.rate(f"{name}:enqueued", now, RATE_WINDOW),

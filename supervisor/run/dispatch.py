@@ -243,9 +243,13 @@ class Dispatcher:
                 self.counters.redeliveries[pool.name] += 1
         pool.empty_claims = 0 if len(got) == want else pool.empty_claims + 1
         pool.next_poll_at = now + (0.0 if len(got) == want else poll_delay(pool.empty_claims))
-        if pool.rate_held:  # work waits for a token: claim when it is due, not at a slow poll
+        if pool.rate_held and pool.rate_held_until > now:  # the pool's bucket: at its next token
             pool.empty_claims = 0
-            pool.next_poll_at = pool.rate_wake(now)
+            pool.next_poll_at = pool.rate_held_until
+        elif pool.rate_held and (wake := pool.rate_wake(now)):
+            # only kinds wait: at their next token, or sooner at the pool's ordinary poll for
+            # its other kinds (a job of theirs coming due announces itself to nobody)
+            pool.next_poll_at = min(pool.next_poll_at, wake)
         due = self.retries_due[pool.name]
         if due:
             pool.next_poll_at = min(pool.next_poll_at, due[0])

@@ -120,11 +120,8 @@ class Pool:
         return max(self.rate_held_until, kinds)
 
     def rate_wake(self, now: float) -> float:
-        """When a rate-held pool should claim next (monotonic): its next token, or, when only
-        kinds are held, the first of their next tokens. Not ``rate_gate``: a kind without a
-        limit opens that gate at once, and a claim of it alone would only find it empty."""
-        held = [t for t in self.kind_held_until.values() if t > now]
-        return max(self.rate_held_until, min(held, default=self.rate_held_until))
+        """When the first held kind's next token is due (monotonic; 0: none is held)."""
+        return min((t for t in self.kind_held_until.values() if t > now), default=0.0)
 
     def rate_kinds(self, now: float) -> set[str]:
         """The claimable kinds whose rate has a token now."""

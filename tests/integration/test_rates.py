@@ -208,3 +208,73 @@ def test_a_kind_held_pool_with_another_kind_waits_without_spinning(fleet: Harnes
     assert 4 <= done <= 2 * wall + 2, f"{done} jobs in {wall:.1f}s at 2/s"
     assert eventually(held, timeout=5), "held by rate shows while the kind's backlog waits"
     print(f"kind-held with a backlog: {used:.3f}s CPU in {wall:.1f}s ({done} jobs done)")
+
+
+def test_a_slow_kind_limit_does_not_hold_back_the_pools_other_kinds(fleet: Harness) -> None:
+    """A kind limited to 1/h holds its backlog for an hour; a job of another kind that comes
+    due meanwhile (a delay, so no wake-up announces it) starts at the pool's ordinary poll,
+    not when the held kind's next token is due."""
+    fleet.configure(
+        {
+            "api": {
+                "handlers": handlers("noop", "echo"),
+                "bound": "io",
+                "min_workers": 1,
+                "max_workers": 1,
+                "kind_rate_limit": {"echo": "1/h"},
+            }
+        }
+    )
+    sup = fleet.start("node-a")
+    sup.wait_workers(fleet.store, "api", 1)
+    assert fleet.client is not None
+    echo = fleet.client.enqueue_many([("echo", {}) for _ in range(3)])
+
+    def held() -> dict | None:
+        snap = sup.snapshot(fleet.store)
+        pool = (snap or {}).get("pools", {}).get("api", {})
+        return pool if pool.get("rate_held") else None
+
+    eventually(lambda: any(j.state is JobState.DONE for j in fleet.jobs(echo)), timeout=20)
+    eventually(held, timeout=20)
+    late = fleet.client.enqueue("noop", {}, delay=1.0)
+    (job,) = fleet.wait_final([late], timeout=20, watch=[sup])
+    assert job.state is JobState.DONE
+    assert sum(1 for j in fleet.jobs(echo) if j.state is JobState.DONE) == 1, "1/h holds"
+
+
+def test_a_paused_rate_held_pool_is_paused_not_held_by_rate(fleet: Harness) -> None:
+    """A pause stops the pool's claims, so the last claim's "held by rate" goes stale: the
+    pool shows paused, not held by rate, until a claim after the resume says so again."""
+    from click.testing import CliRunner
+
+    from supervisor.cli import main
+
+    def cli(*args: str) -> None:
+        out = CliRunner().invoke(main, [args[0], "-c", str(fleet.config), *args[1:]])
+        assert out.exit_code == 0, out.output
+
+    fleet.configure(
+        {
+            "api": {
+                "handlers": handlers("noop"),
+                "bound": "io",
+                "min_workers": 1,
+                "max_workers": 1,
+                "rate_limit": "1/m",
+            }
+        }
+    )
+    sup = fleet.start("node-a")
+    sup.wait_workers(fleet.store, "api", 1)
+    assert fleet.client is not None
+    fleet.client.enqueue_many([("noop", {}) for _ in range(5)])
+
+    def api() -> dict:
+        snap = sup.snapshot(fleet.store)
+        return (snap or {}).get("pools", {}).get("api", {})
+
+    eventually(lambda: api().get("rate_held"), timeout=20)
+    cli("pause", "api")
+    view = eventually(lambda: (p := api()).get("paused") and p, timeout=20)
+    assert not view["rate_held"], "a paused pool is not held by rate"

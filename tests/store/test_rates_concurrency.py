@@ -104,3 +104,58 @@ def test_the_rate_holds_under_concurrent_claims(db_url: str) -> None:
             )
     # 60 jobs at 40/s after a burst of 4: at least (60 - 4) / 40 = 1.4 s from first to last
     assert starts[-1] - starts[0] >= (JOBS - BURST) / RATE - 1e-3
+
+
+def test_a_claim_that_waited_for_the_lock_keeps_the_later_count_postgres() -> None:
+    """PostgreSQL's ``now()`` is when the claim's transaction began, before it waited for the
+    pool's claim lock; the claim that held the lock counted the bucket later. The waiting
+    claim must not write its earlier time back (the next claim would refill the seconds
+    between twice). The other host's claim is played by a connection that holds the lock and
+    writes the bucket as a claim does."""
+    import threading
+
+    import psycopg
+
+    from supervisor.store.postgres import _CLAIM_LOCKS
+    from tests.support.databases import postgres_schema_url
+
+    with postgres_schema_url() as url:
+        store = open_store(url)
+        try:
+            store.enqueue_many([NewJob("render", "bulk", json.dumps({}), 3) for _ in range(3)])
+            with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as other:
+                other.execute("SELECT pg_advisory_xact_lock(%s, hashtext('bulk'))", (_CLAIM_LOCKS,))
+                replies: list[Any] = []
+                claim = threading.Thread(
+                    target=lambda: replies.append(
+                        store.claim_rated(
+                            pool="bulk", kinds={"render"}, n=1, node="a", lease=300, rate=LIMIT
+                        )
+                    )
+                )
+                claim.start()
+
+                def waiting() -> bool:
+                    row = other.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                        " AND NOT granted AND classid = %s",
+                        (_CLAIM_LOCKS,),
+                    ).fetchone()
+                    return bool(row and row[0])
+
+                from tests.support.wait import eventually
+
+                eventually(waiting, timeout=20)
+                counted = other.execute(
+                    "INSERT INTO fleetd_rate_buckets (pool, kind, tokens, counted_at)"
+                    " VALUES ('bulk', '', 1.0, extract(epoch FROM clock_timestamp()))"
+                    " RETURNING counted_at"
+                ).fetchone()[0]
+                other.commit()  # the lock goes with the transaction
+                claim.join(timeout=20)
+            assert replies and len(replies[0].rows) == 1
+            tokens, at = store.rate_levels("bulk")[""]
+            assert tokens == pytest.approx(0.0)
+            assert at >= counted, f"the bucket's count went back {counted - at:.6f}s"
+        finally:
+            store.close()
