@@ -440,3 +440,23 @@ def test_the_view_shows_a_paused_pool_and_cancelled_jobs() -> None:
     console.print(render(view([Pause("bulk", None, 1_799_999_000.0)]), 80, 24))
     text = console.export_text()
     assert "PAUSED" in text and "3 cancelled" in text and "fleetd resume" in text
+
+
+def test_the_jobs_table_shows_what_a_job_wrote_as_written() -> None:
+    """``fleetd jobs`` and ``dlq list``: "[/bold]" in an error raised MarkupError (the listing
+    ended in a traceback), an escape sequence in a tenant reached the terminal raw."""
+    from supervisor.model import ErrorKind, Job, JobState
+    from supervisor.observe.tables import jobs_table
+
+    job = Job(
+        id=5, kind="render", pool="bulk", state=JobState.DEAD, attempts=1, max_deliveries=3,
+        payload={}, tenant="\x1b]0;pwned\x07", key=None, priority=0, enqueued_at=100.0,
+        available_at=100.0, started_at=110.0, finished_at=120.0, result=None,
+        last_error="bad [/bold] closing", error_kind=ErrorKind.PERMANENT, peak_rss=None,
+        duration=None,
+    )  # fmt: skip
+    out = io.StringIO()
+    jobs_table([job], Console(file=out, width=200, force_terminal=True))
+    text = out.getvalue()
+    assert "permanent: bad [/bold] closing" in text
+    assert "\\x1b]0;pwned\\x07" in text and "\x1b]" not in text
