@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from supervisor.model import Job, JobState, iso
 from supervisor.observe.schedview import ScheduleSummary
+from supervisor.observe.status_view import plain
 
 
 def _console(console: Console | None) -> Console:
@@ -55,15 +57,17 @@ def jobs_table(found: list[Job], console: Console | None = None) -> None:
             error = job.last_error or ""
         elif job.state is JobState.LEASED and job.cancel_requested_at is not None:
             error = "cancel requested: stopping"
+        # Text, never str: a str cell is read as rich markup, and a tenant or an error is
+        # whatever a job wrote ("[/bold]" in one raised MarkupError and ended the listing)
         table.add_row(
             str(job.id),
-            job.kind,
-            job.pool,
+            Text(plain(job.kind)),
+            Text(plain(job.pool)),
             str(job.state),
             f"{job.attempts}/{job.max_deliveries}",
-            job.tenant or "",
+            Text(plain(job.tenant or "")),
             (iso(job.enqueued_at) or "")[:19],
-            error,
+            Text(plain(error)),
         )
     if console is None:
         console = Console()

@@ -522,3 +522,23 @@ def test_held_by_rate_names_the_limit_in_its_own_unit(per_second: float, shown: 
     v = replace(v, pools=(replace(v.pools[0], rate_limit=per_second),))
     text = capture(v, 80, 24)
     assert f"held by rate ({shown} fleet-wide)" in text, text
+
+
+def test_the_jobs_table_shows_what_a_job_wrote_as_written() -> None:
+    """``fleetd jobs`` and ``dlq list``: "[/bold]" in an error raised MarkupError (the listing
+    ended in a traceback), an escape sequence in a tenant reached the terminal raw."""
+    from supervisor.model import ErrorKind, Job, JobState
+    from supervisor.observe.tables import jobs_table
+
+    job = Job(
+        id=5, kind="render", pool="bulk", state=JobState.DEAD, attempts=1, max_deliveries=3,
+        payload={}, tenant="\x1b]0;pwned\x07", key=None, priority=0, enqueued_at=100.0,
+        available_at=100.0, started_at=110.0, finished_at=120.0, result=None,
+        last_error="bad [/bold] closing", error_kind=ErrorKind.PERMANENT, peak_rss=None,
+        duration=None,
+    )  # fmt: skip
+    out = io.StringIO()
+    jobs_table([job], Console(file=out, width=200, force_terminal=True))
+    text = out.getvalue()
+    assert "permanent: bad [/bold] closing" in text
+    assert "\\x1b]0;pwned\\x07" in text and "\x1b]" not in text
