@@ -41,6 +41,7 @@ import mmap
 import os
 import select
 import socket
+import stat
 import struct
 import time
 from array import array
@@ -83,9 +84,19 @@ def parse_payload(text: str) -> frozenset[int] | None:
 
 
 def _counter_fd(folder: Path) -> int:
-    """The waiters' counter file, opened (and made, 8 bytes) in ``folder``."""
+    """The waiters' counter file, opened (and made, 8 bytes) in ``folder``.
+
+    The folder's name in the shared temporary directory can be foretold, so another user may
+    have made it first, with a link named like the counter to a file of ours: we would write
+    into that file. So the folder must be a real directory of ours that nobody else can
+    write to, and the counter is never opened through a link (``OSError`` otherwise: the
+    waiter polls, the announcer tells nobody)."""
     folder.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(folder / COUNTER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(errno.EPERM, "not a folder of this user's alone", str(folder))
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(folder / COUNTER, flags, 0o600)
     if os.fstat(fd).st_size < 8:
         os.ftruncate(fd, 8)  # concurrent openers agree: it only ever grows to 8
     return fd

@@ -12,6 +12,7 @@ folder is per file, where a retry must wake nobody.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob
 from supervisor.store.finals import (
     EVERYTHING,
     PAYLOAD_IDS,
+    WAITERS,
     FinalAnnouncer,
     LocalFinalWatch,
     final_payload,
@@ -185,3 +187,35 @@ def test_sqlite_an_announcer_with_nobody_waiting_lists_nothing_and_sends_nothing
         assert announcer._targets == []
     finally:
         announcer.close()
+
+
+def test_sqlite_a_wake_folder_others_can_write_to_is_not_written_to(tmp_path):
+    """The folder's name can be foretold: another user may make it first (writable by all),
+    with the counter's name a link to a file of ours. Nothing is written through it, and a
+    waiter polls instead (it still returns the job once final)."""
+    from supervisor.client import Client
+    from supervisor.store import open_store
+    from supervisor.store.wake import wake_folder
+
+    database = str(tmp_path / "q.db")
+    victim = tmp_path / "precious.txt"
+    victim.write_bytes(b"keep these bytes\n")
+    folder = wake_folder(database)
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)  # the umask took some
+    (folder / "waiters.gen").symlink_to(victim)
+    store = open_store(f"sqlite:///{database}")
+    waker = store.waker()  # a supervisor on the file: a waiter would register
+    try:
+        assert store.final_watch() is None  # it polls instead
+        jid = store.enqueue(job())
+        store.ack([ack(claim(store)[0].lease)])  # the announcer maps nothing either
+        client = Client.__new__(Client)
+        client.store = store
+        assert client.wait(jid, timeout=10).state is JobState.DONE
+        assert victim.read_bytes() == b"keep these bytes\n"
+        assert not (folder / WAITERS).exists()
+    finally:
+        waker.close()
+        store.close()
+        shutil.rmtree(folder, ignore_errors=True)
