@@ -60,6 +60,8 @@ PAYLOAD_IDS = 300
 DATAGRAM_IDS = 4096
 WAITERS = "waiters"
 COUNTER = "waiters.gen"
+# the longest a PostgreSQL waiter waits for the waiters' lock before it polls instead
+LOCK_WAIT = 1.0
 RECHECK = 10.0  # seconds between an announcer's checks that its counter file is still the one
 _seq = itertools.count(1)
 
@@ -281,13 +283,21 @@ class PostgresFinalWatch:
     that listens and is not read would hold back the server's notification queue for every
     session, and a lock held would have every ending transaction notify."""
 
-    def __init__(self, conn: Any, give_back: Any) -> None:
+    def __init__(self, conn: Any, give_back: Any, within: float = math.inf) -> None:
         self.conn = conn
         self._give_back = give_back
         self.broken = False
         list(conn.notifies(timeout=0))  # stale ones from an earlier wait
-        # one round trip: listen first, so any try that fails once the lock is ours is heard
-        conn.execute(f"LISTEN {FINAL_CHANNEL}; SELECT pg_advisory_lock_shared({WAITERS_LOCK})")
+        # one round trip: listen first, so any try that fails once the lock is ours is heard.
+        # The lock waits for an ending transaction that took it to commit, which is at once
+        # unless that transaction is stuck (its node cut off before its COMMIT, a synchronous
+        # standby gone): bounded, so a wait keeps its timeout; psycopg.Error past it (the
+        # LISTEN is rolled back with it) and the waiter polls.
+        wait_ms = max(1, math.ceil(min(max(within, 0.0), LOCK_WAIT) * 1000))  # 0: no limit
+        conn.execute(
+            f"LISTEN {FINAL_CHANNEL}; SET lock_timeout = {wait_ms}; "
+            f"SELECT pg_advisory_lock_shared({WAITERS_LOCK})"
+        )
 
     def wait(self, timeout: float) -> frozenset[int] | None:
         ids: set[int] = set()

@@ -219,3 +219,41 @@ def test_sqlite_a_wake_folder_others_can_write_to_is_not_written_to(tmp_path):
         waker.close()
         store.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_postgres_a_wait_keeps_its_timeout_while_an_ending_transaction_is_stuck(store, engine):
+    """An ending transaction that took the waiters' lock holds it to its commit; one that
+    never commits (its node cut off before its COMMIT) must not hold a waiter past its
+    timeout: the waiter gives up on the lock, polls, and is still told when it can be."""
+    if engine == "sqlite":
+        pytest.skip("PostgreSQL's waiters' lock")
+    import threading
+
+    import psycopg
+
+    from supervisor.client import Client
+    from supervisor.store.finals import WAITERS_LOCK
+    from tests.support.databases import postgres_base_url
+
+    jid = store.enqueue(job())
+    client = Client.__new__(Client)
+    client.store = store
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            client.wait(jid, timeout=0.5)
+        except BaseException as exc:  # reported to the test's thread
+            outcome.append(exc)
+
+    with psycopg.connect(postgres_base_url()) as stuck:
+        stuck.execute("SELECT pg_try_advisory_xact_lock(%s)", (WAITERS_LOCK,))  # not committed
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        waiter.join(20)  # the promise is 0.5 s; 20 allows for a loaded machine
+        assert not waiter.is_alive(), "wait held past its timeout by the waiters' lock"
+        stuck.rollback()
+    assert len(outcome) == 1 and isinstance(outcome[0], TimeoutError)
+    with watching(store) as watch:  # the kept connection still registers once it is free
+        store.ack([ack(claim(store)[0].lease)])
+        assert jid in heard(watch, {jid})
