@@ -43,9 +43,9 @@ from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.model import Ack, Lease, NewJob, ReapOutcome
 from supervisor.store.finals import (
+    ENDER_TRY,
     FINAL_CHANNEL,
     PAYLOAD_IDS,
-    WAITERS_LOCK,
     PostgresFinalWatch,
     final_payload,
 )
@@ -106,10 +106,10 @@ class PostgresStore(SqlStore):
         if ids:
             conn.execute(
                 text(
-                    "SELECT CASE WHEN pg_try_advisory_xact_lock(:waiters) THEN false "
+                    f"SELECT CASE WHEN {ENDER_TRY} THEN false "
                     "ELSE pg_notify(:channel, :ids) IS NULL END"
                 ),
-                {"waiters": WAITERS_LOCK, "channel": FINAL_CHANNEL, "ids": final_payload(ids)},
+                {"channel": FINAL_CHANNEL, "ids": final_payload(ids)},
             )
 
     def final_watch(self, within: float = math.inf) -> PostgresFinalWatch | None:
@@ -210,7 +210,7 @@ class PostgresStore(SqlStore):
             RETURNING j.id, j.lease_token
             )
             SELECT id, lease_token,
-                   (SELECT CASE WHEN pg_try_advisory_xact_lock({WAITERS_LOCK}) THEN false
+                   (SELECT CASE WHEN {ENDER_TRY} THEN false
                            ELSE pg_notify('{FINAL_CHANNEL}',
                                           CASE WHEN count(*) <= {PAYLOAD_IDS}
                                                THEN string_agg(CAST(id AS TEXT), ',')
