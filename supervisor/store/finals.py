@@ -83,6 +83,7 @@ WAITERS = "waiters"
 COUNTER = "waiters.gen"
 # the longest a PostgreSQL waiter waits for the waiters' lock before it polls instead
 LOCK_WAIT = 1.0
+LONGEST_WAIT = 86400.0  # seconds: what one wait of a SQLite watch blocks at most
 RECHECK = 10.0  # seconds between an announcer's checks that its counter file is still the one
 _seq = itertools.count(1)
 
@@ -247,8 +248,9 @@ class LocalFinalWatch:
 
     def wait(self, timeout: float) -> frozenset[int] | None:
         """The ids announced within ``timeout`` s (empty: none), or EVERYTHING."""
-        # poll, not select: an application may hold more than 1024 descriptors
-        if not self._poll.poll(math.ceil(max(0.0, timeout) * 1000)):
+        # poll, not select: an application may hold more than 1024 descriptors; its timeout
+        # is a C int of ms (an infinite wait, a poll of inf: at most a day, then it says none)
+        if not self._poll.poll(math.ceil(min(max(0.0, timeout), LONGEST_WAIT) * 1000)):
             return frozenset()
         ids: set[int] = set()
         seen = 0

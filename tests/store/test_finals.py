@@ -12,6 +12,7 @@ folder is per file, where a retry must wake nobody.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections.abc import Iterator
@@ -300,3 +301,18 @@ def test_postgres_acks_while_another_ending_transaction_is_open_rarely_notify(en
         store.close()
         with psycopg.connect(base, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_sqlite_a_watch_waits_without_end(tmp_path):
+    """Client.wait(timeout=inf, poll=inf) asks a watch to wait for ever: no OverflowError."""
+    database = str(tmp_path / "q.db")
+    watch = LocalFinalWatch(database)
+    announcer = FinalAnnouncer(database)
+    try:
+        announcer.announce([5])
+        assert watch.wait(math.inf) == frozenset({5})
+        announcer.announce([6])
+        assert watch.wait(1e12) == frozenset({6})
+    finally:
+        watch.close()
+        announcer.close()
