@@ -32,7 +32,7 @@ from stress.arguments import engine_arguments, engines, positive_int
 from stress.bench_e2e import scratch_database
 from supervisor.model import Ack, NewJob
 from supervisor.store import open_store
-from supervisor.store.finals import FINAL_CHANNEL, WAITERS_LOCK
+from supervisor.store.finals import FINAL_CHANNEL, WAITER_LOCK
 
 HELP = "the result path's cost of waking waiters: ack with and without it, A/B in one process"
 BATCH = 64
@@ -119,7 +119,7 @@ def _postgres(store: Any, url: str, args: argparse.Namespace) -> dict[str, Any]:
     waiter = None
     if args.waiter:
         waiter = psycopg.connect(plain, autocommit=True)
-        waiter.execute(f"LISTEN {FINAL_CHANNEL}; SELECT pg_advisory_lock_shared({WAITERS_LOCK})")
+        waiter.execute(f"LISTEN {FINAL_CHANNEL}; {WAITER_LOCK}")
     now = store._ack_batch_stmt
     marker = "            )\n            SELECT id, lease_token,"
     assert marker in now.text, "the ack statement changed shape: update this benchmark"

@@ -122,7 +122,8 @@ class Client:
         if not poll > 0:
             raise ValueError(f"poll must be more than 0 seconds, not {poll!r}")
         deadline = time.monotonic() + timeout
-        watch = self.store.final_watch()  # registered before the first read: nothing slips
+        # registered before the first read: nothing slips
+        watch = self.store.final_watch(within=timeout)
         try:
             jobs = self._settle(ids, deadline, watch, poll)
         finally:

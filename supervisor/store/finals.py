@@ -7,15 +7,18 @@ safety net (a lost wake-up, a sender that crashed between its commit and its sen
 - PostgreSQL: ``NOTIFY fleetd_final`` in the transaction that makes jobs final (its ack
   statement, a fail that dead-letters, a cancel, a reap), once per batch, its payload the ids
   (``final_payload``), and only while somebody waits: a waiter ``LISTEN``s on a connection of
-  its own and then holds the advisory lock ``WAITERS_LOCK`` shared for the length of its wait
-  (``PostgresFinalWatch``); the ending transaction tries to take it exclusively
-  (``pg_try_advisory_xact_lock``, a lock-table entry, never a wait) and notifies only when
-  that fails. A NOTIFY is not free: its commit takes the server's notification lock and
-  signals every listening session of the database (each supervisor's). No final state slips
-  through: an ending transaction that took the lock holds it to its commit, so a waiter that
-  registers meanwhile waits for that commit and then reads the job final; one that registered
-  first makes the try fail, and hears the NOTIFY. A concurrent ending transaction elsewhere
-  also makes a try fail (one NOTIFY nobody needs). Channels and the lock are per database,
+  its own and then holds the advisory locks ``(WAITERS_LOCK, 0..WAITER_STRIPES-1)`` shared
+  for the length of its wait (``PostgresFinalWatch``); the ending transaction tries to take
+  one of them, picked at random, exclusively (``ENDER_TRY``: ``pg_try_advisory_xact_lock``, a
+  lock-table entry, never a wait) and notifies only when that fails. A NOTIFY is not free:
+  its commit takes the server's notification lock and signals every listening session of
+  the database (each supervisor's). No final state slips through: an ending transaction that
+  took its stripe holds it to its commit, so a waiter that registers meanwhile waits for that
+  commit (at most ``LOCK_WAIT``, then it polls) and then reads the job final; one that
+  registered first makes the try fail, and hears the NOTIFY. A concurrent ending transaction
+  that picked the same stripe also makes a try fail (one NOTIFY nobody needs): with one lock
+  for all, 3 processes acking at once notified for 40% of their acks with nobody waiting;
+  stripes make it one overlap in ``WAITER_STRIPES``. Channels and locks are per database,
   not per schema: another schema's waiters cost NOTIFYs, and its ids one read each.
 - SQLite: a waiter binds a datagram socket in ``<wake folder>/waiters/`` and then counts one up
   in ``<wake folder>/waiters.gen`` (``LocalFinalWatch``). A process that committed final
@@ -27,7 +30,10 @@ safety net (a lost wake-up, a sender that crashed between its commit and its sen
   everything"), and a waiter that finds its queue full re-reads all its jobs.
 
 What it cannot do: a waiter of another user, or on another host, is never told on SQLite
-(the folder is per user, mode 0700); it polls.
+(the folder is per user, mode 0700); it polls. A process of the same user that truncates
+``waiters.gen`` below 8 bytes while an announcer has it mapped kills that process (SIGBUS on
+the memory read): the price of reading the counter without a system call; nothing of
+fleetd's shrinks the file (a tmp cleaner removes it, which is harmless: see ``_attach``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import mmap
 import os
 import select
 import socket
+import stat
 import struct
 import time
 from array import array
@@ -50,15 +57,33 @@ from typing import Any
 from supervisor.store.wake import wake_folder
 
 FINAL_CHANNEL = "fleetd_final"
-# advisory lock (one bigint key; fleetd's others: migration 0x0F1EE7D, claims 0x0F1EE7C with
-# two keys) that waiters hold shared while they wait
+# advisory locks (two keys: this, and a stripe; fleetd's others: migration 0x0F1EE7D with one
+# bigint key, claims 0x0F1EE7C with two) that waiters hold shared, every stripe, while they
+# wait; an ending transaction tries one stripe exclusively, so two ending at once rarely
+# collide. Each stripe is a lock-table entry per waiter (the table holds
+# max_locks_per_transaction x max_connections, 6,400 by default): few stripes.
 WAITERS_LOCK = 0x0F1EE7E
+WAITER_STRIPES = 16
+# SQL: an ending transaction's try (random() < 1, so floor() gives 0..WAITER_STRIPES-1)
+ENDER_TRY = (
+    f"pg_try_advisory_xact_lock({WAITERS_LOCK}, "
+    f"CAST(floor(random() * {WAITER_STRIPES}) AS integer))"
+)
+# SQL: a waiter takes (and lets go of) every stripe, in one statement
+WAITER_LOCK = (
+    f"SELECT count(pg_advisory_lock_shared({WAITERS_LOCK}, s)) "
+    f"FROM generate_series(0, {WAITER_STRIPES - 1}) AS s"
+)
+WAITER_UNLOCK = WAITER_LOCK.replace("pg_advisory_lock_shared", "pg_advisory_unlock_shared")
 # a PostgreSQL payload holds at most 8000 bytes: past this many ids it says "*" (re-read all)
 PAYLOAD_IDS = 300
 # a SQLite datagram past this many ids says b"" (re-read all) instead
 DATAGRAM_IDS = 4096
 WAITERS = "waiters"
 COUNTER = "waiters.gen"
+# the longest a PostgreSQL waiter waits for the waiters' lock before it polls instead
+LOCK_WAIT = 1.0
+LONGEST_WAIT = 86400.0  # seconds: what one wait of a SQLite watch blocks at most
 RECHECK = 10.0  # seconds between an announcer's checks that its counter file is still the one
 _seq = itertools.count(1)
 
@@ -83,9 +108,19 @@ def parse_payload(text: str) -> frozenset[int] | None:
 
 
 def _counter_fd(folder: Path) -> int:
-    """The waiters' counter file, opened (and made, 8 bytes) in ``folder``."""
+    """The waiters' counter file, opened (and made, 8 bytes) in ``folder``.
+
+    The folder's name in the shared temporary directory can be foretold, so another user may
+    have made it first, with a link named like the counter to a file of ours: we would write
+    into that file. So the folder must be a real directory of ours that nobody else can
+    write to, and the counter is never opened through a link (``OSError`` otherwise: the
+    waiter polls, the announcer tells nobody)."""
     folder.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(folder / COUNTER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(errno.EPERM, "not a folder of this user's alone", str(folder))
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(folder / COUNTER, flags, 0o600)
     if os.fstat(fd).st_size < 8:
         os.ftruncate(fd, 8)  # concurrent openers agree: it only ever grows to 8
     return fd
@@ -213,8 +248,9 @@ class LocalFinalWatch:
 
     def wait(self, timeout: float) -> frozenset[int] | None:
         """The ids announced within ``timeout`` s (empty: none), or EVERYTHING."""
-        # poll, not select: an application may hold more than 1024 descriptors
-        if not self._poll.poll(math.ceil(max(0.0, timeout) * 1000)):
+        # poll, not select: an application may hold more than 1024 descriptors; its timeout
+        # is a C int of ms (an infinite wait, a poll of inf: at most a day, then it says none)
+        if not self._poll.poll(math.ceil(min(max(0.0, timeout), LONGEST_WAIT) * 1000)):
             return frozenset()
         ids: set[int] = set()
         seen = 0
@@ -270,13 +306,18 @@ class PostgresFinalWatch:
     that listens and is not read would hold back the server's notification queue for every
     session, and a lock held would have every ending transaction notify."""
 
-    def __init__(self, conn: Any, give_back: Any) -> None:
+    def __init__(self, conn: Any, give_back: Any, within: float = math.inf) -> None:
         self.conn = conn
         self._give_back = give_back
         self.broken = False
         list(conn.notifies(timeout=0))  # stale ones from an earlier wait
-        # one round trip: listen first, so any try that fails once the lock is ours is heard
-        conn.execute(f"LISTEN {FINAL_CHANNEL}; SELECT pg_advisory_lock_shared({WAITERS_LOCK})")
+        # one round trip: listen first, so any try that fails once the lock is ours is heard.
+        # The lock waits for an ending transaction that took it to commit, which is at once
+        # unless that transaction is stuck (its node cut off before its COMMIT, a synchronous
+        # standby gone): bounded, so a wait keeps its timeout; psycopg.Error past it (the
+        # LISTEN is rolled back with it) and the waiter polls.
+        wait_ms = max(1, math.ceil(min(max(within, 0.0), LOCK_WAIT) * 1000))  # 0: no limit
+        conn.execute(f"LISTEN {FINAL_CHANNEL}; SET lock_timeout = {wait_ms}; {WAITER_LOCK}")
 
     def wait(self, timeout: float) -> frozenset[int] | None:
         ids: set[int] = set()
@@ -299,9 +340,7 @@ class PostgresFinalWatch:
     def close(self) -> None:
         if not self.broken:
             try:
-                self.conn.execute(
-                    f"SELECT pg_advisory_unlock_shared({WAITERS_LOCK}); UNLISTEN {FINAL_CHANNEL}"
-                )
+                self.conn.execute(f"{WAITER_UNLOCK}; UNLISTEN {FINAL_CHANNEL}")
             except Exception:
                 self.broken = True
         if self.broken:

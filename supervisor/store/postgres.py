@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -42,9 +43,9 @@ from supervisor.clock import Clock, SystemClock
 from supervisor.errors import StoreError
 from supervisor.model import Ack, Lease, NewJob, ReapOutcome
 from supervisor.store.finals import (
+    ENDER_TRY,
     FINAL_CHANNEL,
     PAYLOAD_IDS,
-    WAITERS_LOCK,
     PostgresFinalWatch,
     final_payload,
 )
@@ -105,16 +106,17 @@ class PostgresStore(SqlStore):
         if ids:
             conn.execute(
                 text(
-                    "SELECT CASE WHEN pg_try_advisory_xact_lock(:waiters) THEN false "
+                    f"SELECT CASE WHEN {ENDER_TRY} THEN false "
                     "ELSE pg_notify(:channel, :ids) IS NULL END"
                 ),
-                {"waiters": WAITERS_LOCK, "channel": FINAL_CHANNEL, "ids": final_payload(ids)},
+                {"channel": FINAL_CHANNEL, "ids": final_payload(ids)},
             )
 
-    def final_watch(self) -> PostgresFinalWatch | None:
+    def final_watch(self, within: float = math.inf) -> PostgresFinalWatch | None:
         """LISTEN on a connection of its own (one kept between waits; a second wait at the
         same time, from another thread, opens another); None (the waiter polls) when it
-        cannot connect."""
+        cannot connect, or cannot have the waiters' lock within ``within`` s (at most
+        ``finals.LOCK_WAIT``)."""
         import psycopg
 
         try:
@@ -125,9 +127,12 @@ class PostgresStore(SqlStore):
             except psycopg.Error:
                 return None
         try:
-            return PostgresFinalWatch(conn, self._keep_listener)
+            return PostgresFinalWatch(conn, self._keep_listener, within)
         except psycopg.Error:
-            conn.close()
+            if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.close()
+            else:  # the lock was not had in time: the connection is as good as before
+                self._keep_listener(conn)
             return None
 
     @cached_property
@@ -205,7 +210,7 @@ class PostgresStore(SqlStore):
             RETURNING j.id, j.lease_token
             )
             SELECT id, lease_token,
-                   (SELECT CASE WHEN pg_try_advisory_xact_lock({WAITERS_LOCK}) THEN false
+                   (SELECT CASE WHEN {ENDER_TRY} THEN false
                            ELSE pg_notify('{FINAL_CHANNEL}',
                                           CASE WHEN count(*) <= {PAYLOAD_IDS}
                                                THEN string_agg(CAST(id AS TEXT), ',')

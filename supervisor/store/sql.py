@@ -26,6 +26,7 @@ delivery ``cancelled`` whichever verb ends it: ack (its result kept), fail, rele
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property
@@ -186,10 +187,11 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
     def _finals_committed(self, ids: Sequence[int]) -> None:
         """Hook: tell waiters on this host that ``ids`` are final, after the commit (SQLite)."""
 
-    def final_watch(self) -> Any:
+    def final_watch(self, within: float = math.inf) -> Any:
         """A waiter's registration for final states (``finals.LocalFinalWatch`` or
         ``PostgresFinalWatch``: ``wait(timeout)``, ``broken``, ``close()``), made before the
-        waiter's first read; None when this store cannot be told (the waiter polls)."""
+        waiter's first read, in at most about ``within`` s; None when this store cannot be
+        told (the waiter polls)."""
         return None
 
     def _announce_controls(self) -> None:

@@ -12,6 +12,7 @@ Time is the injected clock (the system clock by default): every process on one h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
@@ -79,7 +80,7 @@ class SqliteStore(SqlStore):
     def _announcer(self) -> FinalAnnouncer:
         return FinalAnnouncer(self.path)
 
-    def final_watch(self) -> LocalFinalWatch | None:
+    def final_watch(self, within: float = math.inf) -> LocalFinalWatch | None:
         """A waiter's socket, or None (it polls) when no supervisor of this user runs on the
         file here (nobody would announce) or the socket cannot be made."""
         if not local_supervisor_present(self.path):

@@ -110,8 +110,8 @@ def test_a_lost_wake_up_still_returns_by_polling(
     _, client = started(fleet)
     register = client.store.final_watch
 
-    def deaf() -> object:
-        watch = register()
+    def deaf(**bounds: float) -> object:
+        watch = register(**bounds)
         assert watch is not None  # the wake-up channel works; it is then lost
         if engine == "sqlite":
             os.unlink(watch.path)  # the announcer cannot find it: its datagrams go nowhere

@@ -12,6 +12,8 @@ folder is per file, where a retry must wake nobody.
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +24,7 @@ from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob
 from supervisor.store.finals import (
     EVERYTHING,
     PAYLOAD_IDS,
+    WAITERS,
     FinalAnnouncer,
     LocalFinalWatch,
     final_payload,
@@ -184,4 +187,132 @@ def test_sqlite_an_announcer_with_nobody_waiting_lists_nothing_and_sends_nothing
         announcer.announce([4])  # the waiter left: dropped at the first send that fails
         assert announcer._targets == []
     finally:
+        announcer.close()
+
+
+def test_sqlite_a_wake_folder_others_can_write_to_is_not_written_to(tmp_path):
+    """The folder's name can be foretold: another user may make it first (writable by all),
+    with the counter's name a link to a file of ours. Nothing is written through it, and a
+    waiter polls instead (it still returns the job once final)."""
+    from supervisor.client import Client
+    from supervisor.store import open_store
+    from supervisor.store.wake import wake_folder
+
+    database = str(tmp_path / "q.db")
+    victim = tmp_path / "precious.txt"
+    victim.write_bytes(b"keep these bytes\n")
+    folder = wake_folder(database)
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)  # the umask took some
+    (folder / "waiters.gen").symlink_to(victim)
+    store = open_store(f"sqlite:///{database}")
+    waker = store.waker()  # a supervisor on the file: a waiter would register
+    try:
+        assert store.final_watch() is None  # it polls instead
+        jid = store.enqueue(job())
+        store.ack([ack(claim(store)[0].lease)])  # the announcer maps nothing either
+        client = Client.__new__(Client)
+        client.store = store
+        assert client.wait(jid, timeout=10).state is JobState.DONE
+        assert victim.read_bytes() == b"keep these bytes\n"
+        assert not (folder / WAITERS).exists()
+    finally:
+        waker.close()
+        store.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_postgres_a_wait_keeps_its_timeout_while_an_ending_transaction_is_stuck(store, engine):
+    """An ending transaction that took the waiters' lock holds it to its commit; one that
+    never commits (its node cut off before its COMMIT) must not hold a waiter past its
+    timeout: the waiter gives up on the lock, polls, and is still told when it can be."""
+    if engine == "sqlite":
+        pytest.skip("PostgreSQL's waiters' lock")
+    import threading
+
+    import psycopg
+
+    from supervisor.client import Client
+    from supervisor.store.finals import WAITER_STRIPES, WAITERS_LOCK
+    from tests.support.databases import postgres_base_url
+
+    jid = store.enqueue(job())
+    client = Client.__new__(Client)
+    client.store = store
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            client.wait(jid, timeout=0.5)
+        except BaseException as exc:  # reported to the test's thread
+            outcome.append(exc)
+
+    with psycopg.connect(postgres_base_url()) as stuck:
+        for stripe in range(WAITER_STRIPES):  # whichever it took; not committed
+            stuck.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (WAITERS_LOCK, stripe))
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        waiter.join(20)  # the promise is 0.5 s; 20 allows for a loaded machine
+        assert not waiter.is_alive(), "wait held past its timeout by the waiters' lock"
+        stuck.rollback()
+    assert len(outcome) == 1 and isinstance(outcome[0], TimeoutError)
+    with watching(store) as watch:  # the kept connection still registers once it is free
+        store.ack([ack(claim(store)[0].lease)])
+        assert jid in heard(watch, {jid})
+
+
+def test_postgres_acks_while_another_ending_transaction_is_open_rarely_notify(engine):
+    """Nobody waits: an ack notifies only when its try collides with another ending
+    transaction's, which holds one stripe of the waiters' lock to its commit; two ending at
+    once must not make every ack notify (with one lock for all, 3 supervisors acking at once
+    notified 40% of their acks). In a database of its own: the lock and channel are per
+    database, and other tests' waiters would make every try fail."""
+    if engine == "sqlite":
+        pytest.skip("PostgreSQL's waiters' lock")
+    import uuid
+
+    import psycopg
+
+    from supervisor.store import open_store
+    from supervisor.store.finals import FINAL_CHANNEL
+    from tests.support.databases import postgres_base_url
+
+    base = postgres_base_url().replace("postgresql+psycopg://", "postgresql://")
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    own = base.rsplit("/", 1)[0] + "/" + name
+    store = open_store(own)
+    try:
+        ids = store.enqueue_many([job() for _ in range(33)])
+        leases = [c.lease for c in claim(store, 33)]
+        with psycopg.connect(own, autocommit=True) as listener:
+            listener.execute(f"LISTEN {FINAL_CHANNEL}")
+            with store.engine.connect() as in_flight:  # an ending transaction, not committed
+                in_flight.begin()
+                store._finals_in_tx(in_flight, [ids[0]])
+                for lease in leases[1:]:
+                    assert store.ack([ack(lease)]) == []
+                in_flight.rollback()
+            heard_ = [n.payload for n in listener.notifies(timeout=1.0)]
+        # one collision in WAITER_STRIPES (16): about 2 of 32; all 32 with one lock for all
+        assert len(heard_) <= 12, f"{len(heard_)} of 32 acks notified with nobody waiting"
+    finally:
+        store.close()
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_sqlite_a_watch_waits_without_end(tmp_path):
+    """Client.wait(timeout=inf, poll=inf) asks a watch to wait for ever: no OverflowError."""
+    database = str(tmp_path / "q.db")
+    watch = LocalFinalWatch(database)
+    announcer = FinalAnnouncer(database)
+    try:
+        announcer.announce([5])
+        assert watch.wait(math.inf) == frozenset({5})
+        announcer.announce([6])
+        assert watch.wait(1e12) == frozenset({6})
+    finally:
+        watch.close()
         announcer.close()
