@@ -194,3 +194,20 @@ def test_two_cancels_in_one_worker_each_reach_their_job(fleet: Harness) -> None:
     for job in jobs:
         result = json.loads(job.result) if isinstance(job.result, str) else job.result
         assert result == {"stopped": True}, job  # it saw its own cancel, not the 30 s end
+
+
+def test_many_slots_fit_under_the_default_memory_rlimit(fleet: Harness) -> None:
+    """A thread's stack is private writable memory: RLIMIT_DATA (memory_limit + headroom)
+    counts it as allocated. 100 slots are 800 MiB of stacks, past the 640 MiB a default
+    memory_limit of 512 MiB gives: the worker must size its rlimit for its slots' stacks,
+    else its 80th thread cannot start and the worker dies, charging every running job."""
+    fleet.configure({"io": pool(slots=100, timeout="30s")})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "io", 1)
+    assert fleet.client is not None
+    ids = fleet.client.enqueue_many([("slot_sleep", {"seconds": 2.0}) for _ in range(100)])
+    jobs = fleet.wait_final(ids, timeout=60, watch=[sup])
+    assert all(j.state is JobState.DONE and j.attempts == 1 for j in jobs), [
+        (j.id, j.state, j.attempts, j.error) for j in jobs if j.state is not JobState.DONE
+    ][:3]
+    assert len({pid_of(j) for j in jobs}) == 1  # one worker ran them all, none crashed
