@@ -275,7 +275,7 @@ class Fleet:
         if d.outbox.todo and d.outbox.writing is None:
             due.append(max(d.acks_due, d.store_retry_at))
         for pool in self.pools.values():
-            if pool.busy():
+            if pool.watched():
                 due.append(self.next_watchdog)
             # a paused pool claims nothing (Dispatcher.claim): its poll is no timer, else
             # a poll left due would make every wait 0 s while the pause lasts
@@ -472,7 +472,7 @@ class Fleet:
         if now < self.next_watchdog:
             return
         self.next_watchdog = now + watchdog.PERIOD
-        workers = [w for p in self.pools.values() for w in p.busy()]
+        workers = [w for p in self.pools.values() for w in p.watched()]
         configs = {name: pool.config for name, pool in self.pools.items()}
         async_kinds = frozenset(
             (name, kind) for name, pool in self.pools.items() for kind in pool.async_kinds

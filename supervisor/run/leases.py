@@ -132,7 +132,7 @@ class LeaseKeeper:
         """Kill workers whose lease ran out without an extension (the store unreachable or
         stalled): never run a job whose lease you do not hold."""
         for pool in self.pools.values():
-            for w in pool.busy():
+            for w in pool.watched():
                 if w.job is None or w.kill_reason is not None:
                     continue
                 if now >= min(j.lease_expires for j in w.jobs()):

@@ -211,3 +211,22 @@ def test_many_slots_fit_under_the_default_memory_rlimit(fleet: Harness) -> None:
         (j.id, j.state, j.attempts, j.error) for j in jobs if j.state is not JobState.DONE
     ][:3]
     assert len({pid_of(j) for j in jobs}) == 1  # one worker ran them all, none crashed
+
+
+def test_a_recycling_worker_still_has_its_running_slots_watched(fleet: Harness) -> None:
+    """A worker with slots that said Recycling (here: recycle_rss) exits only once its
+    other slots are done; until then the watchdog still kills it at a slot's deadline (the
+    worker's own deadline alarm is only the backstop, seconds later)."""
+    fleet.configure({"io": pool(slots=2, timeout="2s", recycle_rss="1MiB", max_deliveries=1)})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "io", 1)
+    assert fleet.client is not None
+    hung = fleet.client.enqueue("slot_sleep", {"seconds": 60.0})
+    the_worker(sup, fleet)
+    quick = fleet.client.enqueue("slot_sleep", {"seconds": 0.1})
+    done = fleet.wait_final([quick], timeout=20, watch=[sup])[0]
+    assert done.state is JobState.DONE  # and its worker said Recycling: it is over 1 MiB
+    job = fleet.wait_final([hung], timeout=30, watch=[sup])[0]
+    assert job.error_kind is ErrorKind.TIMEOUT, job
+    # the parent's kill, not the backstop
+    assert "deadline alarm" not in (job.last_error or ""), job
