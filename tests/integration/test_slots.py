@@ -230,3 +230,25 @@ def test_a_recycling_worker_still_has_its_running_slots_watched(fleet: Harness) 
     assert job.error_kind is ErrorKind.TIMEOUT, job
     # the parent's kill, not the backstop
     assert "deadline alarm" not in (job.last_error or ""), job
+
+
+def test_a_one_slot_pool_with_an_async_handler(fleet: Harness) -> None:
+    """slots = 1 with an ``async def`` handler: the slot runtime with one slot, behind the
+    pool's pipeline (short jobs are sent ahead). A hung job is cancelled at its deadline,
+    the worker lives on, and the short jobs sent behind it run with their whole timeout."""
+    fleet.configure({"io": pool(slots=1, timeout="2s", max_deliveries=1)})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "io", 1)
+    assert fleet.client is not None
+    warm = fleet.client.enqueue_many([("async_sleep", {"seconds": 0}) for _ in range(40)])
+    jobs = fleet.wait_final(warm, timeout=30, watch=[sup])
+    assert all(j.state is JobState.DONE for j in jobs)
+    worker = pid_of(jobs[0])
+    hung = fleet.client.enqueue("async_sleep", {"seconds": 60})
+    after = fleet.client.enqueue_many([("async_sleep", {"seconds": 0}) for _ in range(5)])
+    (timed_out,) = fleet.wait_final([hung], timeout=30, watch=[sup])
+    assert timed_out.error_kind is ErrorKind.TIMEOUT, timed_out
+    assert "task was cancelled" in (timed_out.last_error or ""), timed_out  # not killed
+    for job in fleet.wait_final(after, timeout=30, watch=[sup]):
+        assert job.state is JobState.DONE and job.attempts == 1, job
+        assert pid_of(job) == worker, job
