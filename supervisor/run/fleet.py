@@ -396,7 +396,9 @@ class Fleet:
         now = self.clock.monotonic() if now is None else now
         self.pinger.on_messages(worker, messages, now)
         for msg in messages:
-            if isinstance(msg, protocol.JobFailed) and self.memcg.failed_by_oom(worker, now):
+            # in a worker with slots the kill is about the job that failed, not the oldest
+            about = msg.job_id if isinstance(msg, protocol.JobFailed) and worker.slots > 1 else None
+            if isinstance(msg, protocol.JobFailed) and self.memcg.failed_by_oom(worker, now, about):
                 # a process of its job was OOM-killed: the worker is stopped, and the failure
                 # is that kill's (the frames after it are still results of later jobs)
                 detail = worker.kill_reason.detail if worker.kill_reason else msg.message
