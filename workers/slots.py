@@ -47,14 +47,6 @@ from workers import context, exitcodes, limits, proctitle, protocol
 from workers.outcome import Outcome, _failure, call
 from workers.runtime import _Exit, _flush_stdio, _Worker
 
-# Each slot's thread gets a stack of this size (glibc's usual default, set here so it is
-# known). A stack is private writable memory: RLIMIT_DATA and RLIMIT_AS count all of it as
-# allocated though only the pages used are resident, so the worker's rlimit gets one stack
-# per slot (and the event loop's thread, and a guard page each) on top of memory_limit +
-# headroom; without it 100 slots under a 512 MiB memory_limit could not start their threads.
-SLOT_STACK = 8 * 1024 * 1024
-STACK_GUARD = 64 * 1024
-
 
 class SlotWorker(_Worker):
     """A ``_Worker`` whose jobs run in slots. ``running`` and ``recycle`` are shared with the
@@ -74,8 +66,8 @@ class SlotWorker(_Worker):
         self.tasks: dict[int, asyncio.Task[Any]] = {}  # the loop thread's
 
     def _rlimit_headroom(self) -> int:
-        threading.stack_size(SLOT_STACK)  # before the first slot's thread
-        return self.spec.rlimit_headroom + (self.spec.slots + 1) * (SLOT_STACK + STACK_GUARD)
+        threading.stack_size(limits.SLOT_STACK)  # before the first slot's thread
+        return self.spec.rlimit_headroom + limits.slot_stacks(self.spec.slots)
 
     # --- the main thread ---
 
