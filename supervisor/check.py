@@ -244,9 +244,11 @@ def _memory_plan(config: FleetConfig, name: str, cgroup: dict[str, Any]) -> dict
     limit = config.pools[name].memory_limit
     if limit is None:
         return {"rlimit": None, "watchdog": None, "cgroup": None}
+    slots = config.pools[name].slots
+    stacks = limits.slot_stacks(slots) if slots > 1 else 0  # its threads' stacks
     return {
         # the worker adds the VmData-RSS gap it inherited at fork (workers.limits)
-        "rlimit": {"resource": "RLIMIT_DATA", "value": limit + limits.DEFAULT_HEADROOM},
+        "rlimit": {"resource": "RLIMIT_DATA", "value": limit + limits.DEFAULT_HEADROOM + stacks},
         "watchdog": {"measure": "worker RSS", "period": watchdog.PERIOD},
         "cgroup": None
         if cgroup["mechanism"] == "none"

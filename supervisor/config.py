@@ -487,6 +487,13 @@ class PoolConfig(BaseModel):
                 "only a worker's main thread): set soft_timeout = 0 (expected 1)",
                 ("slots",),
             )
+        if self.slots > 1 and self.nproc_limit is not None and self.nproc_limit <= self.slots + 1:
+            # RLIMIT_NPROC counts threads: a slot's thread could not start
+            raise _Problem(
+                f"{self.slots} threads do not fit nproc_limit {self.nproc_limit} (it counts "
+                f"threads: the worker needs at least {self.slots + 2})",
+                ("slots",),
+            )
         commands = [k for k, h in self.handlers.items() if isinstance(h, CommandSpec)]
         if self.slots > 1 and commands:
             raise _Problem(

@@ -275,6 +275,21 @@ def set_pdeathsig(sig: int) -> bool:
     return c.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
 
 
+# Each slot's thread (workers/slots.py) gets a stack of this size (glibc's usual default,
+# set there so it is known). A stack is private writable memory: RLIMIT_DATA and RLIMIT_AS
+# count all of it as allocated though only the pages used are resident, so a worker with
+# slots gets one stack per slot (and the event loop's thread, and a guard each) on top of
+# memory_limit + headroom; without it 100 slots under a 512 MiB memory_limit could not start
+# their threads.
+SLOT_STACK = 8 * 1024 * 1024
+STACK_GUARD = 64 * 1024
+
+
+def slot_stacks(slots: int) -> int:
+    """Bytes of thread stacks a worker with ``slots`` adds to its memory rlimit."""
+    return (slots + 1) * (SLOT_STACK + STACK_GUARD)
+
+
 PR_SET_NAME = 15
 THREAD_NAME_PREFIX = "job-"  # + the job id (15 bytes in all): how the parent finds a slot's thread
 

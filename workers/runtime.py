@@ -297,12 +297,17 @@ class _Worker:
         try:
             if spec.memory_limit is not None:
                 self.cap = limits.apply_memory_cap(
-                    spec.memory_limit, spec.rlimit_policy, spec.rlimit_headroom
+                    spec.memory_limit, spec.rlimit_policy, self._rlimit_headroom()
                 )
             if spec.nproc_limit is not None:
                 limits.limit_processes(spec.nproc_limit)
         except (OSError, ValueError) as exc:
             raise _Exit(exitcodes.SETUP_FAILED, f"setup failed: {exc}") from exc
+
+    def _rlimit_headroom(self) -> int:
+        """Bytes the memory rlimit allows above ``memory_limit`` (a worker with slots adds
+        its threads' stacks: workers/slots.py)."""
+        return self.spec.rlimit_headroom
 
     # --- the loop ---
 

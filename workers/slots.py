@@ -33,6 +33,7 @@ running, so a worker whose parent cannot kill it still ends itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -56,12 +57,17 @@ class SlotWorker(_Worker):
         self.lock = threading.Lock()  # running, recycle, jobs_done, the alarm, sends
         self.running: dict[int, float] = {}  # job id -> monotonic backstop instant
         self.waiting: deque[protocol.RunJob] = deque()  # sent beyond the free slots
+        self.arrived: dict[int, float] = {}  # job id -> Unix time its RunJob was taken in
         self.recycle: str | None = None  # said Recycling: start nothing more, exit when idle
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.poller.register(self.wake_r, select.POLLIN)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: dict[int, asyncio.Task[Any]] = {}  # the loop thread's
+
+    def _rlimit_headroom(self) -> int:
+        threading.stack_size(limits.SLOT_STACK)  # before the first slot's thread
+        return self.spec.rlimit_headroom + limits.slot_stacks(self.spec.slots)
 
     # --- the main thread ---
 
@@ -82,6 +88,7 @@ class SlotWorker(_Worker):
 
     def _act(self, msg: protocol.Message) -> None:
         if isinstance(msg, protocol.RunJob):
+            self.arrived[msg.job_id] = time.time()
             self.waiting.append(msg)
         elif isinstance(msg, protocol.Ping):
             self._send(protocol.Pong(msg.seq, limits.current_rss()))
@@ -112,6 +119,8 @@ class SlotWorker(_Worker):
             self._start(self.waiting.popleft())
 
     def _return_waiting_jobs(self) -> None:
+        for job in self.waiting:
+            self.arrived.pop(job.job_id, None)
         self.inbox.extend(self.waiting)
         self.waiting.clear()
         super()._return_waiting_jobs()
@@ -122,6 +131,12 @@ class SlotWorker(_Worker):
 
     def _start(self, job: protocol.RunJob) -> None:
         spec = self.spec
+        # its deadline was counted from the send; a job that waited here (behind a pipeline's
+        # running job, or for a slot) is given its whole timeout from its start, as the
+        # parent counts it (an async task is cancelled at this deadline)
+        waited = time.time() - self.arrived.pop(job.job_id, time.time())
+        if waited > 0:
+            job = dataclasses.replace(job, deadline=job.deadline + waited)
         handler = spec.handlers.get(job.kind)
         with self.lock:
             backstop = spec.hard_deadline if spec.hard_deadline is not None else float("inf")
@@ -135,7 +150,13 @@ class SlotWorker(_Worker):
             asyncio.run_coroutine_threadsafe(self._async_job(job, handler), loop)
             return
         thread = threading.Thread(target=self._thread_job, args=(job,), daemon=True)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had (RLIMIT_NPROC, memory): this job
+            # fails, the worker and its other slots live on
+            why = f"could not start a thread for the job's slot: {exc}"
+            outcome = Outcome(error_kind=protocol.EXCEPTION, message=why)
+            self._finish(job, self._failed(job, outcome))
 
     # --- the slots ---
 

@@ -275,7 +275,7 @@ class Fleet:
         if d.outbox.todo and d.outbox.writing is None:
             due.append(max(d.acks_due, d.store_retry_at))
         for pool in self.pools.values():
-            if pool.busy():
+            if pool.watched():
                 due.append(self.next_watchdog)
             # a paused pool claims nothing (Dispatcher.claim): its poll is no timer, else
             # a poll left due would make every wait 0 s while the pause lasts
@@ -397,7 +397,9 @@ class Fleet:
         now = self.clock.monotonic() if now is None else now
         self.pinger.on_messages(worker, messages, now)
         for msg in messages:
-            if isinstance(msg, protocol.JobFailed) and self.memcg.failed_by_oom(worker, now):
+            # in a worker with slots the kill is about the job that failed, not the oldest
+            about = msg.job_id if isinstance(msg, protocol.JobFailed) and worker.slots > 1 else None
+            if isinstance(msg, protocol.JobFailed) and self.memcg.failed_by_oom(worker, now, about):
                 # a process of its job was OOM-killed: the worker is stopped, and the failure
                 # is that kill's (the frames after it are still results of later jobs)
                 detail = worker.kill_reason.detail if worker.kill_reason else msg.message
@@ -473,7 +475,7 @@ class Fleet:
         if now < self.next_watchdog:
             return
         self.next_watchdog = now + watchdog.PERIOD
-        workers = [w for p in self.pools.values() for w in p.busy()]
+        workers = [w for p in self.pools.values() for w in p.watched()]
         configs = {name: pool.config for name, pool in self.pools.items()}
         async_kinds = frozenset(
             (name, kind) for name, pool in self.pools.items() for kind in pool.async_kinds

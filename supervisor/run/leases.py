@@ -132,15 +132,20 @@ class LeaseKeeper:
         """Kill workers whose lease ran out without an extension (the store unreachable or
         stalled): never run a job whose lease you do not hold."""
         for pool in self.pools.values():
-            for w in pool.busy():
+            for w in pool.watched():
                 if w.job is None or w.kill_reason is not None:
                     continue
-                if now >= min(j.lease_expires for j in w.jobs()):
+                first = min(w.jobs(), key=lambda j: j.lease_expires)
+                if now >= first.lease_expires:
                     self.counters.lost_leases += 1
+                    # in a worker with slots: about the job whose lease ran out (forgotten;
+                    # its siblings are released), not the oldest
+                    lost = first.claimed.job_id if first.claimed.job_id in w.running else None
                     w.kill(
                         KillReason(
                             KillKind.LEASE_LOST,
                             "its lease ran out before the store confirmed an extension",
+                            lost,
                         ),
                         now,
                     )

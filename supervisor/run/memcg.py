@@ -302,7 +302,7 @@ class MemoryCgroups:
         if self.pending:
             self._sweep(now)
 
-    def failed_by_oom(self, worker: WorkerHandle, now: float) -> bool:
+    def failed_by_oom(self, worker: WorkerHandle, now: float, job_id: int | None = None) -> bool:
         """Before a busy worker's JobFailed is believed: if the kernel OOM-killed a process in
         its cgroup, the failure is that kill's consequence. The worker is then stopped with
         reason memory_limit and True returned: the caller records that job's failure as
@@ -311,7 +311,7 @@ class MemoryCgroups:
         cg = self.cgroups.get(worker.pid)
         if cg is None or worker.job is None or worker.kill_reason is not None:
             return False
-        return self._kill_on_oom(worker, cg, now)
+        return self._kill_on_oom(worker, cg, now, job_id)
 
     def worker_exited(self, worker: WorkerHandle, status: int, now: float) -> None:
         """A worker was reaped. If it was SIGKILLed, not by us, after an OOM kill in its
@@ -347,7 +347,9 @@ class MemoryCgroups:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _kill_on_oom(self, worker: WorkerHandle, cg: WorkerCgroup, now: float) -> bool:
+    def _kill_on_oom(
+        self, worker: WorkerHandle, cg: WorkerCgroup, now: float, job_id: int | None = None
+    ) -> bool:
         count = self._oom_count(cg)
         if count is None or count <= cg.oom_seen:
             return False
@@ -364,7 +366,7 @@ class MemoryCgroups:
             worker.job.claimed.job_id if worker.job else "-",
             detail,
         )
-        worker.kill(KillReason(KillKind.MEMORY_LIMIT, detail), now)
+        worker.kill(KillReason(KillKind.MEMORY_LIMIT, detail, job_id), now)
         return True
 
     def _oom_count(self, cg: WorkerCgroup) -> int | None:

@@ -92,6 +92,12 @@ class Pool:
     def busy(self) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state == WorkerState.BUSY]
 
+    def watched(self) -> list[WorkerHandle]:
+        """Workers whose running jobs the watchdog and the lease expiry look at: the busy
+        ones, and a worker with slots that said Recycling (it exits only once its other
+        slots are done, which may take until their deadline)."""
+        return [w for w in self.workers.values() if w.watched]
+
     @property
     def limits(self) -> ClaimLimits:
         """The pool's fleet-wide caps and its order between tenants, as the store's claim

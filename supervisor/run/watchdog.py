@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from supervisor.config import PoolConfig
 from supervisor.policy import KillKind, KillReason
-from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
+from supervisor.run.workerproc import InFlight, WorkerHandle
 from supervisor.units import format_duration, format_size
 from workers import tree
 from workers.command import TERM_GRACE, CommandSpec
@@ -54,7 +54,7 @@ def inspect(
     orders: list[tuple[WorkerHandle, KillReason]] = []
     for worker in workers:
         job = worker.job
-        if worker.state != WorkerState.BUSY or job is None or worker.kill_reason is not None:
+        if not worker.watched or job is None or worker.kill_reason is not None:
             continue
         config = pools[worker.pool]
         overdue = _overdue(worker, config, now, async_kinds)

@@ -89,6 +89,15 @@ class WorkerHandle:
         return next(iter(self.running.values()), None)
 
     @property
+    def watched(self) -> bool:
+        """Its running jobs are watched (deadline, memory, lease): it is busy, or has slots
+        and said Recycling while some still run (a one-slot worker exits at once)."""
+        if self.state == WorkerState.BUSY:
+            return True
+        recycling = self.state == WorkerState.STOPPING and self.recycling
+        return recycling and self.slots > 1 and bool(self.running) and self.kill_reason is None
+
+    @property
     def fd(self) -> int:
         return self.sock.fileno()
 

@@ -194,3 +194,61 @@ def test_two_cancels_in_one_worker_each_reach_their_job(fleet: Harness) -> None:
     for job in jobs:
         result = json.loads(job.result) if isinstance(job.result, str) else job.result
         assert result == {"stopped": True}, job  # it saw its own cancel, not the 30 s end
+
+
+def test_many_slots_fit_under_the_default_memory_rlimit(fleet: Harness) -> None:
+    """A thread's stack is private writable memory: RLIMIT_DATA (memory_limit + headroom)
+    counts it as allocated. 100 slots are 800 MiB of stacks, past the 640 MiB a default
+    memory_limit of 512 MiB gives: the worker must size its rlimit for its slots' stacks,
+    else its 80th thread cannot start and the worker dies, charging every running job."""
+    fleet.configure({"io": pool(slots=100, timeout="30s")})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "io", 1)
+    assert fleet.client is not None
+    ids = fleet.client.enqueue_many([("slot_sleep", {"seconds": 2.0}) for _ in range(100)])
+    jobs = fleet.wait_final(ids, timeout=60, watch=[sup])
+    assert all(j.state is JobState.DONE and j.attempts == 1 for j in jobs), [
+        (j.id, j.state, j.attempts, j.error) for j in jobs if j.state is not JobState.DONE
+    ][:3]
+    assert len({pid_of(j) for j in jobs}) == 1  # one worker ran them all, none crashed
+
+
+def test_a_recycling_worker_still_has_its_running_slots_watched(fleet: Harness) -> None:
+    """A worker with slots that said Recycling (here: recycle_rss) exits only once its
+    other slots are done; until then the watchdog still kills it at a slot's deadline (the
+    worker's own deadline alarm is only the backstop, seconds later)."""
+    fleet.configure({"io": pool(slots=2, timeout="2s", recycle_rss="1MiB", max_deliveries=1)})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "io", 1)
+    assert fleet.client is not None
+    hung = fleet.client.enqueue("slot_sleep", {"seconds": 60.0})
+    the_worker(sup, fleet)
+    quick = fleet.client.enqueue("slot_sleep", {"seconds": 0.1})
+    done = fleet.wait_final([quick], timeout=20, watch=[sup])[0]
+    assert done.state is JobState.DONE  # and its worker said Recycling: it is over 1 MiB
+    job = fleet.wait_final([hung], timeout=30, watch=[sup])[0]
+    assert job.error_kind is ErrorKind.TIMEOUT, job
+    # the parent's kill, not the backstop
+    assert "deadline alarm" not in (job.last_error or ""), job
+
+
+def test_a_one_slot_pool_with_an_async_handler(fleet: Harness) -> None:
+    """slots = 1 with an ``async def`` handler: the slot runtime with one slot, behind the
+    pool's pipeline (short jobs are sent ahead). A hung job is cancelled at its deadline,
+    the worker lives on, and the short jobs sent behind it run with their whole timeout."""
+    fleet.configure({"io": pool(slots=1, timeout="2s", max_deliveries=1)})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "io", 1)
+    assert fleet.client is not None
+    warm = fleet.client.enqueue_many([("async_sleep", {"seconds": 0}) for _ in range(40)])
+    jobs = fleet.wait_final(warm, timeout=30, watch=[sup])
+    assert all(j.state is JobState.DONE for j in jobs)
+    worker = pid_of(jobs[0])
+    hung = fleet.client.enqueue("async_sleep", {"seconds": 60})
+    after = fleet.client.enqueue_many([("async_sleep", {"seconds": 0}) for _ in range(5)])
+    (timed_out,) = fleet.wait_final([hung], timeout=30, watch=[sup])
+    assert timed_out.error_kind is ErrorKind.TIMEOUT, timed_out
+    assert "task was cancelled" in (timed_out.last_error or ""), timed_out  # not killed
+    for job in fleet.wait_final(after, timeout=30, watch=[sup]):
+        assert job.state is JobState.DONE and job.attempts == 1, job
+        assert pid_of(job) == worker, job

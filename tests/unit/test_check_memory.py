@@ -56,6 +56,18 @@ def test_plan_lists_the_mechanisms_per_pool(tmp_path: Path) -> None:
     assert "memory: no memory_limit: no rlimit, no RSS watchdog, no cgroup" in text
 
 
+def test_a_pool_with_slots_shows_the_rlimit_with_its_threads_stacks(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        f'[fleet]\npython_path = ["{REPO}"]\n[pools.io]\n'
+        'handlers = { echo = "tests.support.handlers:echo" }\n'
+        'bound = "io"\nslots = 20\nmemory_limit = "256MiB"\n'
+    )
+    rlimit = plan_for(str(path))["pools"]["io"]["memory"]["rlimit"]
+    # 21 stacks (20 slots and the event loop's thread) of 8 MiB and a 64 KiB guard each
+    assert rlimit["value"] == 256 * MIB + DEFAULT_HEADROOM + 21 * (8 * MIB + 64 * 1024)
+
+
 def test_memory_cgroup_false_switches_the_cgroup_off(tmp_path: Path) -> None:
     plan = plan_for(write(tmp_path, cgroup=False))
     assert plan["memory_cgroup"]["mechanism"] == "none"

@@ -758,6 +758,7 @@ def test_slots_default_to_one_and_io_pools_take_more(tmp_path: Path) -> None:
         ("slots = 4", ['pools.bulk.slots: 4 needs bound = "io"']),
         ('bound = "io"\nslots = 0', ["pools.bulk.slots"]),
         ('bound = "io"\nslots = 2\nsoft_timeout = "1s"', ["pools.bulk.slots: 2 cannot raise"]),
+        ('bound = "io"\nslots = 64\nnproc_limit = 64', ["pools.bulk.slots: 64 threads do not"]),
     ],
 )
 def test_slots_errors(tmp_path: Path, lines: str, fragments: list[str]) -> None:

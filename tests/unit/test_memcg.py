@@ -130,6 +130,20 @@ def test_an_oom_kill_of_a_subprocess_stops_the_worker_before_its_failure_is_beli
     assert sleeper.wait(5) == -signal.SIGKILL
 
 
+def test_an_oom_kill_seen_at_a_slot_jobs_failure_is_about_that_job(
+    memcg: MemoryCgroups, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # a worker with slots runs 7 (the oldest) and 8; 8's handler failed after the kernel
+    # OOM-killed its subprocess: the kill is about 8 (it ends memory_limit), 7 is released
+    w = worker(sleeper.pid)
+    w.slots = 2
+    w.running[8] = SimpleNamespace(claimed=SimpleNamespace(job_id=8))  # type: ignore[assignment]
+    oom(attached(memcg, w))
+    assert memcg.failed_by_oom(w, now=1.0, job_id=8)
+    assert w.kill_reason is not None and w.kill_reason.kind == "memory_limit"
+    assert w.kill_target == 8
+
+
 def test_inspect_polls_busy_workers_once_per_period(
     memcg: MemoryCgroups, sleeper: subprocess.Popen[bytes]
 ) -> None:

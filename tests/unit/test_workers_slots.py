@@ -160,3 +160,18 @@ def test_recycling_waits_for_the_running_slots() -> None:
     assert done == {1, 2, 3}  # the slot still running finished before the exit
     assert any(isinstance(m, Recycling) for m in seen)
     assert os.WEXITSTATUS(reap(w)) == exitcodes.RECYCLE
+
+
+def test_a_job_queued_behind_a_hung_async_job_gets_its_whole_timeout() -> None:
+    # a one-slot pool with an async handler pipelines: the second job is sent (its deadline
+    # counted from the send) while the first runs. The first hangs and is cancelled at its
+    # deadline; the second then starts and must get its own timeout from its start (the
+    # parent's clock does the same), not be cancelled at once as overdue
+    w = slot_worker(slots=1)
+    send_job(w, 1, "async_sleep", {"seconds": 60}, timeout=1.0)
+    send_job(w, 2, "async_sleep", {"seconds": 0.3}, timeout=1.0)
+    got = results(w, 2, timeout=10)
+    assert isinstance(got[1], JobFailed) and got[1].error_kind == protocol.TIMEOUT, got[1]
+    assert isinstance(got[2], JobDone), got[2]
+    os.kill(w.pid, signal.SIGKILL)
+    reap(w)
