@@ -324,7 +324,7 @@ class SqlStore(CappedClaims, ScheduleTable, ControlTable):
         # fair: the plain claim, guarded to take nothing while more than one tenant queues
         # (one index probe each way); then, and only then, the fair claim (fair.py). A pool
         # found mixed goes straight to the fair claim until a fair claim's window holds one
-        # tenant or none: which to try first is all the flag decides, both are right always
+        # tenant or none: which to try first is all the flag decides, both are right always.
         # A guarded claim that took jobs found one tenant queued: for ``fair.GUARD_EVERY``
         # the pool's claims run the bare plain statement (the guard was a sixth of a SQLite
         # claim); a tenant that arrives meanwhile is ordered fairly at most that much later
