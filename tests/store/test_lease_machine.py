@@ -76,6 +76,10 @@ class LeaseMachine(RuleBasedStateMachine):
         # it, the pool's fair claims are plain claims (a tenant arriving is seen that late)
         self.store._one_tenant_at.clear()
         self.one_tenant_at: float | None = None
+        # whether the store goes straight to the fair claim (it found tenants mixed, and its
+        # last fair claim still saw more than one): such a claim never starts the interval
+        self.store._mixed_pools.clear()
+        self.mixed = False
 
     def now(self) -> float:
         return self.clock.now()
@@ -167,7 +171,8 @@ class LeaseMachine(RuleBasedStateMachine):
         limits = ClaimLimits(weights=weights)
         queued = {e.tenant for e in self.model.values() if e.state is JobState.QUEUED}
         at = self.clock.monotonic()
-        known = self.one_tenant_at is not None and at - self.one_tenant_at < GUARD_EVERY
+        recent = self.one_tenant_at is not None and at - self.one_tenant_at < GUARD_EVERY
+        known = recent and not self.mixed
         if len(queued) > 1 and not known:
             expected = self.fair_choice(n, limits)
         else:
@@ -179,7 +184,9 @@ class LeaseMachine(RuleBasedStateMachine):
             expected = [jid for _, _, jid in ready[:n]]
         got = self.store.claim(pool=POOL, kinds=KINDS, n=n, node="n", lease=LEASE, limits=limits)
         assert [c.job_id for c in got] == expected
-        if got and len(queued) <= 1 and not known:
+        if self.mixed or (len(queued) > 1 and not known):  # the fair claim ran
+            self.mixed = len(queued) > 1
+        elif got and not known:  # the guarded plain claim took jobs: one tenant queued
             self.one_tenant_at = at
         for c in got:
             e = self.model[c.job_id]
