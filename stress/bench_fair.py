@@ -10,8 +10,10 @@ pool that must pay nothing). Each variant is a fresh process that times ``cycles
   e.g. /work/main), ``limits`` None: one statement, SKIP LOCKED on PostgreSQL;
 - ``plain``: this tree's claim of a pool with ``fair = false`` (``limits`` None);
 - ``fair``: this tree's claim of a pool with the default ``fair = true`` (``ClaimLimits()``):
-  the plain statement guarded by two index probes while one tenant is queued, the serialised
-  fair claim (fair.py) while more are.
+  the plain statement guarded by two index probes while one tenant is queued (then, for
+  ``fair.GUARD_EVERY``, without them), the serialised fair claim (fair.py) while more are;
+- ``fair guarded``: the same, with the guard run on every claim (the store forgets before each
+  claim that it found one tenant): what the guard itself costs.
 
 Variants run in rounds, in a rotating order, so a load that comes and goes on a shared machine
 falls on all of them; each result is the median over rounds of each round's median. PostgreSQL's
@@ -139,16 +141,18 @@ def _vacuum(url: str) -> None:
         store.close()
 
 
-def _claimer(url: str, pool: str, fair: bool, cycles: int, n: int) -> dict[str, float]:
+def _claimer(url: str, pool: str, mode: str, cycles: int, n: int) -> dict[str, float]:
     """In a process of the tree being measured: ``cycles`` timed claims, each released."""
     from supervisor.model import ClaimLimits
     from supervisor.store import open_store
 
     store = open_store(url, migrate=False)
-    limits = ClaimLimits() if fair else None
+    limits = ClaimLimits() if mode != "0" else None
     times = []
     try:
         for _ in range(cycles):
+            if mode == "2":
+                store._one_tenant_at.clear()
             start = time.perf_counter()
             got = store.claim(pool=pool, kinds={KIND}, n=n, node="b", lease=300.0, limits=limits)
             times.append(time.perf_counter() - start)
@@ -193,13 +197,15 @@ def _result(proc: subprocess.Popen[str]) -> dict[str, float]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _variants(args: argparse.Namespace) -> list[tuple[str, str, Path, bool]]:
-    """(name, python, tree, fair) for each process kind."""
+def _variants(args: argparse.Namespace) -> list[tuple[str, str, Path, str]]:
+    """(name, python, tree, mode) for each process kind (mode: 0 plain, 1 fair, 2 fair with
+    the guard on every claim)."""
     mine = sys.executable
-    variants = [("plain", mine, TREE, False), ("fair", mine, TREE, True)]
+    variants = [("plain", mine, TREE, "0"), ("fair", mine, TREE, "1")]
+    variants.append(("fair guarded", mine, TREE, "2"))
     if args.base:
         base = Path(args.base)
-        variants.insert(0, ("base plain", str(base / ".venv" / "bin" / "python"), base, False))
+        variants.insert(0, ("base plain", str(base / ".venv" / "bin" / "python"), base, "0"))
     return variants
 
 
@@ -218,7 +224,7 @@ def _measure(engine: str, url: str, size: int, args: argparse.Namespace) -> list
             shift = round_ % len(variants)
             for name, python, tree, fair in variants[shift:] + variants[:shift]:
                 _vacuum(url)
-                argv = ("claims", url, pool, str(int(fair)), str(args.cycles), str(args.n))
+                argv = ("claims", url, pool, fair, str(args.cycles), str(args.n))
                 medians[name].append(_result(_spawn(python, tree, *argv))["median_ms"])
         for name, values in medians.items():
             about = {"engine": engine, "size": size, "pool": pool, "claim": name}
@@ -287,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
 def _child(argv: list[str]) -> None:
     what, url, pool, fair, amount, n = argv
     if what == "claims":
-        result = _claimer(url, pool, fair == "1", int(amount), int(n))
+        result = _claimer(url, pool, fair, int(amount), int(n))
     else:
         result = _loop(url, pool, fair == "1", float(amount), int(n))
     print(json.dumps(result))

@@ -270,11 +270,20 @@ KindRates = Annotated[
 ]
 
 
+# A weight's bounds: the fair order divides a slot by the weight (fair.slot_key), which for a
+# weight as small as 1e-310 overflows and fails every claim of the pool; beyond a million to
+# one (either way) a share means nothing a pool of a few hundred slots could show.
+WEIGHT_MIN, WEIGHT_MAX = 0.001, 1_000_000
+
+
 def _weight(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"{value!r} is not a weight (expected a number above zero, e.g. 3)")
     if value == float("inf"):
         raise ValueError(f"{value!r} is not a weight (expected a finite number, e.g. 3)")
+    if not WEIGHT_MIN <= value <= WEIGHT_MAX:
+        expected = f"from {WEIGHT_MIN:g} to {WEIGHT_MAX:,}, e.g. 3"
+        raise ValueError(f"{value!r} is out of range for a weight (expected {expected})")
     return float(value)
 
 
@@ -415,7 +424,7 @@ class PoolConfig(BaseModel):
     )
     tenant_weights: TenantWeights = Field(
         default_factory=dict,
-        description="a tenant's share of the pool against others' (default 1), e.g. { acme = 3 }",
+        description="a tenant's share of the pool against others' (default 1; 0.001 to 1,000,000)",
     )
     # ---- end of fair share ----
     max_jobs_per_worker: OptPositive = _key(

@@ -27,6 +27,7 @@ delivery ``cancelled`` whichever verb ends it: ack (its result kept), fail, rele
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property
@@ -352,17 +353,24 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
         # fair: the plain claim, guarded to take nothing while more than one tenant queues
         # (one index probe each way); then, and only then, the fair claim (fair.py). A pool
         # found mixed goes straight to the fair claim until a fair claim's window holds one
-        # tenant or none: which to try first is all the flag decides, both are right always
+        # tenant or none: which to try first is all the flag decides, both are right always.
+        # A guarded claim that took jobs found one tenant queued: for ``fair.GUARD_EVERY``
+        # the pool's claims run the bare plain statement (the guard was a sixth of a SQLite
+        # claim); a tenant that arrives meanwhile is ordered fairly at most that much later
         by_tenant = limits is not None and limits.fair
         if by_tenant and pool in self._mixed_pools:
             return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
-        raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=by_tenant)
+        at_mono = self._monotonic()
+        guarded = by_tenant and not fair.one_tenant_known(self._one_tenant_at.get(pool), at_mono)
+        raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=guarded)
         with self._auto() as conn:
             rows = driver.fetchall(conn, raw, params)
-            mixed = by_tenant and not rows and self._mixed(conn, pool)
+            mixed = guarded and not rows and self._mixed(conn, pool)
             if budget is not None and rows:
                 at = rows[0][CLAIMED_AT]
                 self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        if guarded and rows:
+            self._one_tenant_at[pool] = at_mono
         if mixed:
             self._mixed_pools.add(pool)
             return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
@@ -377,6 +385,15 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
             self._mixed_pools.discard(pool)  # the plain claim's turn, which keeps the cursor
             self._cursors[pool] = cursor
         return rows
+
+    @cached_property
+    def _one_tenant_at(self) -> dict[str, float]:
+        """Per pool: when (monotonic) a guarded plain claim last took jobs, so found one
+        tenant queued (per store: per host)."""
+        return {}
+
+    def _monotonic(self) -> float:
+        return self._clock.monotonic() if self._clock is not None else time.monotonic()
 
     @cached_property
     def _mixed_pools(self) -> set[str]:

@@ -109,13 +109,14 @@ def test_jobs_without_a_tenant_are_one_tenant_of_their_own(store):
     assert tenants_of(claim(store, 4)) == [None, "a", None, "a"]
 
 
-def test_one_tenant_claims_with_the_plain_statement(store):
+def test_one_tenant_claims_with_the_plain_statement(store, clock):
     """A pool whose queue holds one tenant (or none) claims in plain order and keeps its
     round-robin cursor; a pool found mixed goes to the fair claim until one tenant is left."""
     p0, p2, p1 = store.enqueue_many([job("a", priority=p) for p in (0, 2, 1)])
     assert [c.job_id for c in claim(store, 2)] == [p2, p1]
     assert "bulk" not in store._cursors and "bulk" not in store._mixed_pools
     (untenanted,) = store.enqueue_many([job()])
+    clock.advance(fair.GUARD_EVERY)
     assert [c.job_id for c in claim(store, 1)] == [untenanted]  # '' runs none, 'a' two
     assert store._cursors.get("bulk") == "" and "bulk" in store._mixed_pools
     store._cursors.clear()
@@ -125,11 +126,23 @@ def test_one_tenant_claims_with_the_plain_statement(store):
     assert store._cursors.get("bulk") is None and "bulk" not in store._mixed_pools
 
 
-def test_a_second_tenant_arriving_is_seen_by_the_next_claim(store):
+def test_a_second_tenant_arriving_is_ordered_fairly_within_the_guard_interval(store, clock):
+    """A claim that found one tenant queued spares the pool's claims its guard for
+    ``GUARD_EVERY``: a tenant arriving meanwhile waits that long, then goes first."""
     store.enqueue_many([job("big") for _ in range(10)])
     assert tenants_of(claim(store, 2)) == ["big", "big"]
     store.enqueue_many([job("small") for _ in range(2)])
+    clock.advance(fair.GUARD_EVERY / 2)
+    assert tenants_of(claim(store, 1)) == ["big"]  # plain order, without the guard
+    clock.advance(fair.GUARD_EVERY)  # since the guarded claim: more than GUARD_EVERY
     assert tenants_of(claim(store, 3)) == ["small", "small", "big"]
+    assert fair.GUARD_EVERY <= 0.1  # the promise: a tenant is ordered fairly within 0.1 s
+
+
+def test_an_uncapped_pool_without_fair_never_runs_the_guard(store):
+    store.enqueue_many([job("big") for _ in range(4)] + [job("small")])
+    assert tenants_of(claim(store, 2, None)) == ["big", "big"]
+    assert "bulk" not in store._one_tenant_at and "bulk" not in store._mixed_pools
 
 
 def test_the_fair_claim_counts_deliveries_in_the_retry_budget(store):
@@ -213,6 +226,7 @@ def test_weighted_order_matches_the_reference(store, jobs, claims, weights):
     with store.engine.begin() as conn:
         conn.execute(delete(jobs_table))
     store._cursors.clear()
+    store._one_tenant_at.clear()  # this example's queue is new: look at it (the clock stands)
     ids = store.enqueue_many([job(t or None, priority=p) for t, p in jobs])
     queue = [(i, t, p) for i, (t, p) in zip(ids, jobs, strict=True)]
     running: Counter[str] = Counter()

@@ -38,6 +38,7 @@ from sqlalchemy import delete
 
 from supervisor.clock import FakeClock
 from supervisor.model import Ack, ClaimLimits, ErrorKind, Failure, JobState, Lease, NewJob
+from supervisor.store.fair import GUARD_EVERY
 from supervisor.store.schema import jobs
 
 POOL, KINDS, LEASE = "p", {"k"}, 10.0
@@ -71,6 +72,14 @@ class LeaseMachine(RuleBasedStateMachine):
         self.tokens: set[str] = set()
         self.store._cursors.clear()  # the round-robin cursor: where the last capped claim ended
         self.cursor: str | None = None
+        # when (monotonic) a fair claim last found one tenant queued: for GUARD_EVERY after
+        # it, the pool's fair claims are plain claims (a tenant arriving is seen that late)
+        self.store._one_tenant_at.clear()
+        self.one_tenant_at: float | None = None
+        # whether the store goes straight to the fair claim (it found tenants mixed, and its
+        # last fair claim still saw more than one): such a claim never starts the interval
+        self.store._mixed_pools.clear()
+        self.mixed = False
 
     def now(self) -> float:
         return self.clock.now()
@@ -161,7 +170,10 @@ class LeaseMachine(RuleBasedStateMachine):
         queued jobs, else the plain claim."""
         limits = ClaimLimits(weights=weights)
         queued = {e.tenant for e in self.model.values() if e.state is JobState.QUEUED}
-        if len(queued) > 1:
+        at = self.clock.monotonic()
+        recent = self.one_tenant_at is not None and at - self.one_tenant_at < GUARD_EVERY
+        known = recent and not self.mixed
+        if len(queued) > 1 and not known:
             expected = self.fair_choice(n, limits)
         else:
             ready = sorted(
@@ -172,6 +184,10 @@ class LeaseMachine(RuleBasedStateMachine):
             expected = [jid for _, _, jid in ready[:n]]
         got = self.store.claim(pool=POOL, kinds=KINDS, n=n, node="n", lease=LEASE, limits=limits)
         assert [c.job_id for c in got] == expected
+        if self.mixed or (len(queued) > 1 and not known):  # the fair claim ran
+            self.mixed = len(queued) > 1
+        elif got and not known:  # the guarded plain claim took jobs: one tenant queued
+            self.one_tenant_at = at
         for c in got:
             e = self.model[c.job_id]
             assert c.lease.token not in self.tokens

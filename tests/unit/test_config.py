@@ -394,6 +394,14 @@ VALUE_ERRORS = [
     ("tenant_weights = { acme = inf }", "pools.bulk.tenant_weights.acme", ["a finite number"]),
     ("tenant_weights = { acme = nan }", "pools.bulk.tenant_weights.acme", ["nan is not a"]),
     ("tenant_weights = 3", "pools.bulk.tenant_weights", ["3 is not a table"]),
+    # a weight this small overflowed the fair order's slot key: every claim of the pool failed
+    ("tenant_weights = { acme = 1e-310 }", "pools.bulk.tenant_weights.acme", ["out of range"]),
+    ("tenant_weights = { acme = 0.0009 }", "pools.bulk.tenant_weights.acme", ["0.001 to"]),
+    (
+        "tenant_weights = { acme = 1" + "0" * 400 + " }",
+        "pools.bulk.tenant_weights.acme",
+        ["out of range for a weight", "to 1,000,000"],
+    ),
     (
         'tenant_weights = { "a b" = 2 }',
         'pools.bulk.tenant_weights."a b"',
