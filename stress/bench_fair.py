@@ -39,14 +39,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 HELP = "plain claim vs fair claim (1 and 1,000 tenants, 10k and 1M queued), main vs this tree"
 POSTGRES_ENV = "FLEETD_TEST_POSTGRES_URL"
@@ -68,25 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrent", type=int, default=0, help="claimers at once (PostgreSQL)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--json", action="store_true", help="one JSON object per result")
-
-
-@contextmanager
-def _database(engine: str, postgres_url: str) -> Iterator[str]:
-    if engine == "sqlite":
-        with tempfile.TemporaryDirectory() as folder:
-            yield f"sqlite:///{folder}/bench.db"
-        return
-    import psycopg
-
-    schema = "bench_" + uuid.uuid4().hex[:10]
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in postgres_url else "?"
-    try:
-        yield f"{postgres_url}{sep}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def _fill(url: str, size: int, tenants: int, *, untenanted: bool) -> None:
@@ -256,11 +232,14 @@ def _concurrent(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: the timed children run this file by path, in another tree too
+    from stress.bench_e2e import scratch_database
+
     engines = ("sqlite", "postgres") if args.engine == "both" else (args.engine,)
     results, concurrent = [], []
     for engine in engines:
         for size in [int(s) for s in args.sizes.split(",")]:
-            with _database(engine, args.postgres_url) as url:
+            with scratch_database(engine, args.postgres_url, "fair") as (_, url):
                 results += _measure(engine, url, size, args)
                 if args.concurrent and engine == "postgres":
                     concurrent += [{**r, "size": size} for r in _concurrent(url, args)]
