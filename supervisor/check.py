@@ -15,7 +15,8 @@ from typing import Any
 
 from supervisor import host
 from supervisor.clock import SystemClock
-from supervisor.config import FleetConfig, load_config
+from supervisor.config import load_config
+from supervisor.config_fleet import FleetConfig
 from supervisor.errors import FleetdError
 from supervisor.imports import import_handlers
 from supervisor.model import iso

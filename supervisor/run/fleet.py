@@ -39,7 +39,7 @@ from setproctitle import setproctitle
 
 from supervisor import host
 from supervisor.clock import Clock, SystemClock
-from supervisor.config import FleetConfig
+from supervisor.config_fleet import FleetConfig
 from supervisor.errors import FleetdError
 from supervisor.observe.observer import Observer
 from supervisor.observe.server import MetricsServer

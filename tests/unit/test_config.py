@@ -7,15 +7,10 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from supervisor.config import (
-    FleetConfig,
-    MemoryBudget,
-    PoolConfig,
-    ScheduleConfig,
-    example_toml,
-    load_config,
-    parse_config,
-)
+from supervisor.config import example_toml, load_config, parse_config
+from supervisor.config_fleet import FleetConfig, MemoryBudget
+from supervisor.config_pool import PoolConfig
+from supervisor.config_schedule import ScheduleConfig
 from supervisor.errors import ConfigError, UnknownKind
 from workers.command import CommandSpec
 
