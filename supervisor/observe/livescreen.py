@@ -15,9 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.observe import liveview, status_view
+from supervisor.observe.cells import SELECTED, plain
 from supervisor.observe.fleetview import FleetView
 from supervisor.observe.liveview import DeadRow, Mode, State
-from supervisor.observe.status_view import plain
 
 CHROME = 2  # the status line and the footer
 _LINE_STYLE = {
@@ -200,6 +200,6 @@ def _dead_table(rows: tuple[DeadRow, ...], selected: int | None) -> Table:
             liveview.short(d.died_ago),
             str(d.attempts),
             Text(plain((d.last_error or "").replace("\n", " "))),
-            style=status_view.SELECTED if d.job == selected else None,
+            style=SELECTED if d.job == selected else None,
         )
     return table

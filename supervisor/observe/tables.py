@@ -7,8 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.model import Job, JobState, iso
+from supervisor.observe.cells import plain
 from supervisor.observe.schedview import ScheduleSummary
-from supervisor.observe.status_view import plain
 
 
 def _console(console: Console | None) -> Console:
