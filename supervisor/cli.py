@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from supervisor.cliclient import check_pool_and_kind, fleet_view, open_client, wait_stopped
 from supervisor.errors import FleetdError
 from supervisor.model import ErrorKind, Job, JobFilter, JobState
 
@@ -51,30 +52,6 @@ def friendly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _client(config_path: str, *, create: bool = False, pool: str | None = None) -> Any:
-    """A client on the config's database. Only ``enqueue`` creates a SQLite database that is
-    not there yet (as ``fleetd start`` does): a command that reads or fixes up jobs meets a
-    mistyped path with an error, not with a new empty queue that looks healthy. ``pool``, a
-    --pool filter, must name a pool of the config or one that has jobs in the database (another
-    host's config, a pool since removed): a typo would match nothing, silently."""
-    from supervisor.client import Client
-    from supervisor.errors import UnknownPool
-
-    client = Client.from_config(config_path, create=create)
-    config = client.config
-    if pool is None or pool in config.pools:
-        return client
-    with contextlib.ExitStack() as on_error:  # closed unless handed back
-        on_error.callback(client.close)
-        if not client.store.list_jobs(pool=pool, limit=1):
-            known = ", ".join(config.pools)
-            raise UnknownPool(
-                f"{config.path.name}: no pool {pool!r} here or in the database (pools: {known})"
-            )
-        on_error.pop_all()
-    return client
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="fleetd", prog_name="fleetd")
 def main() -> None:
@@ -101,30 +78,10 @@ def check(config_path: str, as_json: bool, live: bool) -> None:
     click.echo(json.dumps(plan, indent=2) if as_json else render_plan(plan))
 
 
-def _fleet_view(client: Any) -> Any:
-    """The fleet as ``fleetd status`` shows it: node rows and the store's queue figures."""
-    from supervisor.observe.fleetview import build_view
-    from supervisor.observe.schedview import summarize
-    from supervisor.store import display_url
-
-    config = client.config
-    read = client.store.schedule_states()
-    return build_view(
-        fleet=config.name,
-        database=display_url(config.database),
-        configured=config.pools,
-        stats=client.store.stats(list(config.pools)),
-        rows=client.store.list_nodes(),
-        now=read.now,
-        schedules=summarize(config.schedule_specs(), read.states, read.now),
-        pauses=client.store.pauses(),
-    )
-
-
 def _check_live(config_path: str, as_json: bool) -> None:
     """The same verdict as /healthz, for every node sharing the database."""
-    with _client(config_path) as client:
-        view = _fleet_view(client)
+    with open_client(config_path) as client:
+        view = fleet_view(client)
     verdict = view.verdict
     if as_json:
         click.echo(json.dumps(verdict.to_dict(), indent=1))
@@ -179,7 +136,7 @@ def enqueue(
     except json.JSONDecodeError as exc:
         raise PayloadError(f"PAYLOAD_JSON is not JSON: {exc}") from None
     limit = _wait_limit(wait, timeout)
-    with _client(config_path, create=True) as client:
+    with open_client(config_path, create=True) as client:
         job_id = client.enqueue(
             kind, payload, tenant=tenant, key=key, priority=priority, delay=delay
         )
@@ -231,7 +188,7 @@ _STATES = click.Choice([s.value for s in JobState])
 @friendly
 def jobs(config_path: str, state: str | None, pool: str | None, limit: int, as_json: bool) -> None:
     """List jobs by id."""
-    with _client(config_path, pool=pool) as client:
+    with open_client(config_path, pool=pool) as client:
         found = client.store.list_jobs(
             state=JobState(state) if state else None, pool=pool, limit=limit
         )
@@ -284,7 +241,7 @@ def _dlq_config(config_path: str | None) -> str:
 @friendly
 def dlq_list(config_path: str | None, pool: str | None, limit: int, as_json: bool) -> None:
     """List dead jobs with their last error."""
-    with _client(_dlq_config(config_path), pool=pool) as client:
+    with open_client(_dlq_config(config_path), pool=pool) as client:
         _print_jobs(client.store.dlq_list(pool=pool, limit=limit), as_json)
 
 
@@ -356,7 +313,7 @@ def dlq_requeue(
     from supervisor.actions import dlq_lines
 
     where = _dlq_where(ids, everything, kind, tenant, error_kind, since)
-    with _client(_dlq_config(config_path), pool=pool) as client:
+    with open_client(_dlq_config(config_path), pool=pool) as client:
         done = client.store.dlq_requeue(list(ids) or None, pool=pool, where=where)
     _echo(dlq_lines("requeued", done, where))
 
@@ -382,7 +339,7 @@ def dlq_purge(
     from supervisor.actions import dlq_lines
 
     where = _dlq_where(ids, everything, kind, tenant, error_kind, since)
-    with _client(_dlq_config(config_path), pool=pool) as client:
+    with open_client(_dlq_config(config_path), pool=pool) as client:
         purged = client.store.dlq_purge(list(ids) or None, pool=pool, where=where)
     _echo(dlq_lines("purged", purged, where))
 
@@ -393,8 +350,6 @@ def _echo(lines: list[str]) -> None:
 
 
 # ---- operator controls: cancel, pause, resume --------------------------------------------
-
-CANCEL_WAIT = 5.0  # seconds ``fleetd cancel`` waits to see running jobs stopped
 
 
 @main.command()
@@ -432,7 +387,7 @@ def cancel(
         raise click.UsageError("give job IDS or a filter (--kind, --tenant, --pool), not both")
     if not ids and where.empty:
         raise click.UsageError("give job IDS or a filter (--kind, --tenant, --pool)")
-    with _client(config_path, pool=pool) as client:
+    with open_client(config_path, pool=pool) as client:
         if not ids and not yes:
             count, found = client.store.find_cancellable(where, limit=actions.SHOWN)
             _echo(actions.cancel_preview(where, count, found))
@@ -440,31 +395,7 @@ def cancel(
         out = client.store.cancel(list(ids) if ids else None, where=None if ids else where)
         _echo(actions.cancel_lines(out) if ids else actions.cancel_summary(where, out))
         if out.requested and not no_wait:
-            _echo(_wait_stopped(client, sorted(out.requested)))
-
-
-def _wait_stopped(client: Any, ids: list[int]) -> list[str]:
-    """Wait up to CANCEL_WAIT for running jobs whose cancel was requested to end."""
-    import time
-
-    from supervisor.actions import stopped_lines
-
-    start = time.monotonic()
-    jobs = client.wait_all(ids, CANCEL_WAIT, partial=True)  # woken as each one ends
-    return stopped_lines(jobs, round(time.monotonic() - start, 1))
-
-
-def _pool_and_kind(client: Any, pool: str, kind: str | None) -> None:
-    """POOL must be a pool of the config, KIND one of its kinds: a typo pauses nothing."""
-    from supervisor.errors import UnknownKind, UnknownPool
-
-    config = client.config
-    if pool not in config.pools:
-        known = ", ".join(config.pools)
-        raise UnknownPool(f"{config.path.name}: no pool {pool!r} (pools: {known})")
-    kinds = config.pools[pool].handlers
-    if kind is not None and kind not in kinds:
-        raise UnknownKind(f"pool {pool!r} has no kind {kind!r} (kinds: {', '.join(kinds)})")
+            _echo(wait_stopped(client, sorted(out.requested)))
 
 
 @main.command()
@@ -477,8 +408,8 @@ def pause(config_path: str, pool: str, kind: str | None) -> None:
     jobs finish, the backlog waits. Undo with fleetd resume."""
     from supervisor.actions import pause_line
 
-    with _client(config_path) as client:
-        _pool_and_kind(client, pool, kind)
+    with open_client(config_path) as client:
+        check_pool_and_kind(client, pool, kind)
         took = client.store.pause(pool, kind)
     click.echo(pause_line(pool, kind, took, config_path))
 
@@ -492,8 +423,8 @@ def resume(config_path: str, pool: str, kind: str | None) -> None:
     """Resume POOL (every pause of it, or one --kind) on every host."""
     from supervisor.actions import resume_lines
 
-    with _client(config_path) as client:
-        _pool_and_kind(client, pool, kind)
+    with open_client(config_path) as client:
+        check_pool_and_kind(client, pool, kind)
         lifted = client.store.resume(pool, kind)
         still = [p for p in client.store.pauses() if p.pool == pool]
     _echo(resume_lines(pool, kind, lifted, still))
@@ -508,7 +439,7 @@ def schedules(config_path: str, as_json: bool) -> None:
     from supervisor.observe.fleetview import node_view, schedule_errors
     from supervisor.observe.schedview import summarize, with_errors
 
-    with _client(config_path) as client:
+    with open_client(config_path) as client:
         read = client.store.schedule_states()
         found = summarize(client.config.schedule_specs(), read.states, read.now)
         nodes = [node_view(row) for row in client.store.list_nodes()]
@@ -564,19 +495,19 @@ def status(config_path: str, once: bool, as_json: bool, interval: float) -> None
 
     from supervisor.observe import status_view, terminal
 
-    with _client(config_path) as client:
+    with open_client(config_path) as client:
         if as_json:
-            click.echo(json.dumps(_fleet_view(client).to_dict(), indent=1))
+            click.echo(json.dumps(fleet_view(client).to_dict(), indent=1))
             return
         console = Console()
         if once:
-            status_view.show_once(lambda: _fleet_view(client), console)
+            status_view.show_once(lambda: fleet_view(client), console)
             return
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the view, not an error
             if terminal.interactive(console):
                 from supervisor.livecontrols import LiveControls
 
-                controls = LiveControls(client.store, lambda: _fleet_view(client))
+                controls = LiveControls(client.store, lambda: fleet_view(client))
                 terminal.run(controls, console, interval)
             else:
-                status_view.watch(lambda: _fleet_view(client), console, interval)
+                status_view.watch(lambda: fleet_view(client), console, interval)
