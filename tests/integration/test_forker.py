@@ -1,0 +1,59 @@
+"""The forker (workers/forker.py) forks every worker; the supervisor never does. A forker that
+dies takes its workers with it (PR_SET_PDEATHSIG), and that is nobody's job's fault: their jobs
+are released with the delivery given back, another forker is started, and the jobs run again."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from supervisor.model import JobState
+from tests.integration.fleet import Harness, handlers, wait_gone
+from tests.support.wait import eventually
+
+pytestmark = pytest.mark.parametrize("engine", ["sqlite"])  # the store plays no part here
+
+
+def test_workers_are_the_forkers_children_and_the_supervisor_forks_none(fleet: Harness) -> None:
+    fleet.configure({"p": {"handlers": handlers("echo"), "min_workers": 2, "max_workers": 2}})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "p", 2)
+    (forker,) = sup.forker_pids()
+    workers = sup.worker_processes()
+    assert len(workers) == 2 and all(w.ppid() == forker for w in workers)
+    (job,) = fleet.wait_final([fleet.enqueue("echo", {"n": 1})], watch=[sup])
+    assert job.state == JobState.DONE
+    assert sup.forks() == 2  # by the forker; the supervisor's own log holds no worker fork
+
+
+def test_a_forker_that_dies_costs_no_job_a_delivery(fleet: Harness) -> None:
+    fleet.configure(
+        {
+            "p": {
+                "handlers": handlers("sleep"),
+                "min_workers": 2,
+                "max_workers": 2,
+                "max_deliveries": 1,  # a delivery charged for the forker's death: dead
+            }
+        }
+    )
+    sup = fleet.start()
+    ids = [fleet.enqueue("sleep", {"seconds": 1.5}) for _ in range(2)]
+    sup.wait_workers(fleet.store, "p", 2, "busy")
+    workers = sup.worker_processes()
+    (forker,) = sup.forker_pids()
+    os.kill(forker, signal.SIGKILL)
+    wait_gone(workers, timeout=2.0)  # they die with it
+    new = eventually(lambda: sup.forker_pids() - {forker}, timeout=10)
+    assert len(new) == 1
+    jobs = fleet.wait_final(ids, timeout=20, watch=[sup])
+    for job in jobs:
+        assert job.state == JobState.DONE, job
+        assert job.attempts == 1, job  # the interrupted delivery was given back
+    sup.check_alive()
+    assert "the forker stopped" in sup.log()
+    assert all(w.ppid() in new for w in sup.worker_processes())
+    assert not [p for p in psutil.process_iter() if p.pid == forker and p.is_running()]
