@@ -4,10 +4,14 @@ kill is decided). Everything else is real: the dispatcher, the store (a SQLite f
 workers running ``workers.runtime``; store calls run inline (``InlineLink``: each call is
 answered before ``submit`` returns, so a claim fills the buffer at once). Only the selector
 is replaced: ``HandLoop`` records what
-the fleet watches, and the test decides when a worker's frames are read."""
+the fleet watches, and the test decides when a worker's frames are read. And the forker's part
+is done here (``InlineForker``): the workers are this process's children, reaped by
+``Fleet.reap_children`` (the path a dead forker's workers take), so a test can hold a worker's
+exit unreaped (``wait_exited``) between two steps."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import time
@@ -20,9 +24,10 @@ from supervisor.imports import import_handlers
 from supervisor.run.fleet import Fleet
 from supervisor.run.pool import Pool
 from supervisor.run.storelink import InlineLink
-from supervisor.run.workerproc import WorkerHandle
+from supervisor.run.workerproc import WorkerHandle, fork_worker
 from supervisor.store import Store, open_store
 from tests.integration.fleet import write_config
+from workers.runtime import WorkerSpec
 
 
 class HandLoop:
@@ -44,6 +49,42 @@ class HandLoop:
         pass
 
 
+class InlineForker:
+    """``ForkLink``'s face (supervisor/run/forklink.py), forking in this process."""
+
+    pid = None
+    started_at = 0.0
+    gone = False
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.exits: list[tuple[int, int]] = []  # never any: the fleet reaps its own children
+
+    def fileno(self) -> None:
+        return None
+
+    def fork_worker(
+        self, spec: WorkerSpec, *, now: float, cgroup_fd: int | None = None
+    ) -> WorkerHandle:
+        spec = dataclasses.replace(spec, cgroup_fd=cgroup_fd)
+        return fork_worker(spec, now=now, child_cleanup=self.fleet.child_cleanup)
+
+    def take_exits(self) -> list[tuple[int, int]]:
+        return []
+
+    def close_socket(self) -> None:
+        pass
+
+    def close(self, timeout: float) -> None:
+        return None
+
+
+def inline_forks(fleet: Fleet) -> Fleet:
+    """``fleet`` with its workers forked in this process (``InlineForker``)."""
+    fleet.forker = InlineForker(fleet)  # type: ignore[assignment]
+    return fleet
+
+
 def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
     """A fleet with one pool ``p`` on a fresh SQLite file; nothing forked yet."""
     config = load_config(write_config(folder, f"sqlite:///{folder}/q.db", {"p": pool}))
@@ -51,6 +92,7 @@ def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
     handlers = import_handlers(config)
     fleet = Fleet(config, store, handlers, node_id="hand", link=InlineLink(store, time.monotonic))
     fleet.loop = HandLoop()  # type: ignore[assignment]
+    inline_forks(fleet)
     return fleet, store
 
 
