@@ -35,6 +35,7 @@ them, and exits.
 from __future__ import annotations
 
 import _signal
+import array
 import contextlib
 import os
 import pickle
@@ -78,6 +79,20 @@ def fork_blocked() -> int:
     if pid != 0:
         _sigmask(signal.SIG_SETMASK, blocked)
     return pid
+
+
+def _recv_cloexec(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One record and the fds it carries, close-on-exec from the start: what a job execs
+    must not inherit its worker's socket, cancel page or cgroup.procs (SCM_RIGHTS gives them
+    without the flag, and ``socket.recv_fds`` drops its ``flags``: CPython 3.11)."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(
+        MAX_RECORD, socket.CMSG_LEN(MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC
+    )
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
 
 
 def ended_abnormally(code: int | None) -> bool:
@@ -146,7 +161,7 @@ class _Forker:
         """Fork for every request waiting; False on EOF."""
         while True:
             try:
-                data, fds, _, _ = socket.recv_fds(self.sock, MAX_RECORD, MAX_FDS)
+                data, fds = _recv_cloexec(self.sock)
             except BlockingIOError:
                 return True
             except ConnectionError:
@@ -175,13 +190,15 @@ class _Forker:
                     os.close(fd)
             return ("failed", f"{type(exc).__name__}: {exc}")
         if pid == 0:  # the worker
+            slot = None
             try:
                 self.sock.close()
                 for fd in self.wake:
                     os.close(fd)
                 os.setpgid(0, 0)  # its own group: a kill reaches the job's subprocesses too
+                slot = protocol.CancelSlot.adopt(cancel)
             finally:
-                runtime.main(conn, spec, protocol.CancelSlot(cancel))  # never returns
+                runtime.main(conn, spec, slot)  # never returns
         self.children.add(pid)
         with contextlib.suppress(OSError):  # both sides set it: a kill right after the fork
             os.setpgid(pid, pid)  # finds the group

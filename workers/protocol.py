@@ -70,7 +70,7 @@ class CancelSlot:
 
     ``CancelSlot()`` maps an anonymous shared page (both sides of a fork made after it see
     it); ``CancelSlot.shared()`` a memfd's, whose fd another process (the forker) can hand to
-    the worker: ``CancelSlot(fd)`` maps it there."""
+    the worker: ``CancelSlot.adopt(fd)`` maps it there."""
 
     __slots__ = ("_page",)
 
@@ -87,6 +87,16 @@ class CancelSlot:
         except BaseException:
             os.close(fd)
             raise
+
+    @classmethod
+    def adopt(cls, fd: int) -> CancelSlot:
+        """The slot of the memfd ``fd`` received from the parent, which is closed: mmap keeps
+        a close-on-exec copy of its own, and the received one would be inherited by every
+        program the job runs."""
+        try:
+            return cls(fd)
+        finally:
+            os.close(fd)
 
     def write(self, job_id: int) -> None:
         struct.pack_into("=q", self._page, 0, job_id)

@@ -57,3 +57,22 @@ def test_a_forker_that_dies_costs_no_job_a_delivery(fleet: Harness) -> None:
     assert "the forker stopped" in sup.log()
     assert all(w.ppid() in new for w in sup.worker_processes())
     assert not [p for p in psutil.process_iter() if p.pid == forker and p.is_running()]
+
+
+def test_a_worker_hands_no_descriptor_of_its_own_to_what_its_job_execs(fleet: Harness) -> None:
+    # the worker's socket, its cancel page and its cgroup.procs come over SCM_RIGHTS: a
+    # program its job started (os.system, a Popen with close_fds=False) must not keep them
+    fleet.configure(
+        {
+            "p": {
+                "handlers": handlers("inheritable_fds"),
+                "min_workers": 1,
+                "max_workers": 1,
+                "memory_limit": "256MiB",  # a memory cgroup too, where the host has them
+            }
+        }
+    )
+    sup = fleet.start()
+    (job,) = fleet.wait_final([fleet.enqueue("inheritable_fds")], watch=[sup])
+    assert job.state == JobState.DONE, job
+    assert job.result == {}, job.result
