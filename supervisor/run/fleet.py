@@ -72,6 +72,7 @@ log = logging.getLogger("fleetd.supervisor")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PUBLISH_EVERY = 1.0
+FORKER_PAUSE = 1.0  # seconds between the start of a forker and that of the next
 EXIT_LOOP_ERROR = 70  # sysexits' EX_SOFTWARE: the loop failed; every lease was handed back
 WRITE_PATIENCE = 10.0  # seconds an emergency stop keeps trying to write what it holds
 
@@ -375,7 +376,12 @@ class Fleet:
             return True
         if now < self.forker_due:
             return False
-        self.forker = start_forker(self.handlers, self.child_cleanup)
+        try:
+            self.forker = start_forker(self.handlers, self.child_cleanup)
+        except OSError as exc:  # EAGAIN, ENOMEM, EMFILE: no pool forks until the next try
+            self.forker_due = now + FORKER_PAUSE
+            log.error("could not start a forker (%s); next try in %gs", exc, FORKER_PAUSE)
+            return False
         self.watch_forker()
         log.info("forker started again (pid %d)", self.forker.pid)
         return True
@@ -406,7 +412,7 @@ class Fleet:
             self.loop.unwatch(fd)
         status = forker.close(1.0)
         log.error("the forker stopped (%s; status %s): its workers are stopped", why, status)
-        self.forker_due = max(now, forker.started_at + 1.0)
+        self.forker_due = max(now, forker.started_at + FORKER_PAUSE)
         for pool in self.pools.values():
             for worker in list(pool.workers.values()):
                 worker.record_kill(KillReason(KillKind.RETIRE, "the forker stopped"), now)

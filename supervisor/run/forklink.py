@@ -33,7 +33,8 @@ _RECORD = 4096  # the forker's records are a pickled tuple of a few ints or a sh
 
 
 class ForkFailed(Exception):
-    """The forker could not fork this worker (``fork()`` failed: EAGAIN, ENOMEM)."""
+    """This worker could not be forked: ``fork()`` failed in the forker (EAGAIN, ENOMEM), or
+    its socket or cancel page could not be made here (EMFILE)."""
 
 
 class ForkerGone(Exception):
@@ -89,8 +90,16 @@ class ForkLink:
         its own copy). Raises ``ForkFailed`` or ``ForkerGone``."""
         if self.sock is None:
             raise ForkerGone("the forker is gone")
-        cancel_slot, cancel_fd = protocol.CancelSlot.shared()
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:  # out of descriptors (EMFILE) or memory: this fork fails, the loop goes on
+            cancel_slot, cancel_fd = protocol.CancelSlot.shared()
+        except OSError as exc:
+            raise ForkFailed(f"no cancel page for the worker: {exc}") from exc
+        try:
+            parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            cancel_slot.close()
+            os.close(cancel_fd)
+            raise ForkFailed(f"no socket for the worker: {exc}") from exc
         try:
             request = pickle.dumps((replace(spec, handlers={}, cgroup_fd=None),))
             fds = [child_end.fileno(), cancel_fd]

@@ -11,17 +11,21 @@ exit unreaped (``wait_exited``) between two steps."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import os
+import resource
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from supervisor.config import load_config
 from supervisor.imports import import_handlers
 from supervisor.run.fleet import Fleet
+from supervisor.run.forklink import ForkLink, start_forker
 from supervisor.run.pool import Pool
 from supervisor.run.storelink import InlineLink
 from supervisor.run.workerproc import WorkerHandle, fork_worker
@@ -85,6 +89,44 @@ def inline_forks(fleet: Fleet) -> Fleet:
     return fleet
 
 
+def real_forker(fleet: Fleet) -> Fleet:
+    """``fleet`` with a real forker (workers/forker.py), forked from this process: its
+    workers are the forker's children, their exits relayed as in ``fleetd start``."""
+    fleet.forker = start_forker(fleet.handlers, fleet.child_cleanup)
+    fleet.watch_forker()
+    return fleet
+
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+@contextlib.contextmanager
+def subreaper() -> Iterator[None]:
+    """This process is a child subreaper meanwhile (as the supervisor is), then as before."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    was = ctypes.c_int(0)
+    libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """Meanwhile this process can open no new descriptor (EMFILE): its soft RLIMIT_NOFILE is
+    its lowest free descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.dup(0)
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
     """A fleet with one pool ``p`` on a fresh SQLite file; nothing forked yet."""
     config = load_config(write_config(folder, f"sqlite:///{folder}/q.db", {"p": pool}))
@@ -131,4 +173,6 @@ def stop_all(fleet: Fleet) -> None:
                 os.waitpid(worker.pid, 0)
             except (OSError, ChildProcessError):
                 pass
+    if isinstance(fleet.forker, ForkLink):
+        fleet.forker.close(1.0)
     fleet.memcg.close()

@@ -1,0 +1,66 @@
+"""Races between the loop and its forker (workers/forker.py) that a real loop hits only by
+chance, driven step by step with an in-process fleet (tests/support/infleet.py) whose workers
+a real forker forks: an exit relayed just before the forker died, the time between a worker's
+end and the loop reading it, and a fork asked for when no descriptor is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.model import NewJob
+from supervisor.run.fleet import Fleet
+from supervisor.run.forklink import ForkLink
+from supervisor.store import Store
+from tests.integration.fleet import handlers
+from tests.support import infleet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def forked(tmp_path: Path) -> Iterator[tuple[Fleet, Store]]:
+    made: list[Fleet] = []
+
+    def make(**pool: object) -> tuple[Fleet, Store]:
+        base = {"min_workers": 1, "max_workers": 1, "lease": "30s"}
+        fleet, store = infleet.fleet_of(tmp_path, base | pool)
+        infleet.real_forker(fleet)
+        made.append(fleet)
+        return fleet, store
+
+    with infleet.subreaper():  # as the supervisor is: a dead forker's workers come to us
+        yield make  # type: ignore[misc]
+        for fleet in made:
+            infleet.stop_all(fleet)
+
+
+def job(kind: str, **payload: object) -> NewJob:
+    return NewJob(kind, "p", json.dumps(payload), 1)
+
+
+@pytest.mark.parametrize("forker_alive", [True, False], ids=["forker", "forker-gone"])
+def test_a_fork_with_no_descriptor_left_does_not_stop_the_loop(forked, forker_alive) -> None:
+    # the supervisor is out of descriptors (EMFILE): the worker's socket, its cancel page or
+    # a new forker's socket cannot be made. A pool that cannot fork now tries later.
+    fleet, _ = forked(handlers=handlers("noop"))
+    pool = fleet.pools["p"]
+    if not forker_alive:
+        forker = fleet.forker
+        assert isinstance(forker, ForkLink) and forker.pid is not None
+        os.kill(forker.pid, signal.SIGKILL)
+        infleet.wait_exited(forker.pid)
+        fleet.reap_children(fleet.clock.monotonic())
+        assert fleet.forker is None
+    now = fleet.clock.monotonic() + 5.0  # any pause after the forker's death is over
+    with infleet.no_descriptor_left():
+        fleet.spawn(now)
+    assert not pool.workers
+    later = now + 60.0
+    fleet.spawn(later)
+    assert len(pool.workers) == 1
