@@ -400,9 +400,10 @@ class Fleet:
 
     def forker_gone(self, now: float, why: str) -> None:
         """The forker died or broke: its workers die with it (PR_SET_PDEATHSIG), come to us
-        (a subreaper) and are reaped here; their jobs are released untouched. One whose exit
-        the forker took with it is forgotten as killed. Another forker is started, at most
-        once a second."""
+        (a subreaper) and are reaped here; their jobs are released untouched. The exits it
+        relayed before it died are read first and keep their status (a crash stays a
+        crash); one whose exit it took with it is forgotten as killed. Another forker is
+        started, at most once a second."""
         forker, self.forker = self.forker, None
         assert forker is not None
         if forker.pid is not None:
@@ -410,7 +411,10 @@ class Fleet:
                 os.kill(forker.pid, signal.SIGKILL)
         if self.loop is not None and (fd := forker.fileno()) is not None:
             self.loop.unwatch(fd)
-        status = forker.close(1.0)
+        status = forker.wait(1.0)  # dead, so its socket holds all it will ever relay
+        for pid, relayed in forker.take_exits():
+            self.worker_reaped(pid, relayed, now)
+        forker.close_socket()
         log.error("the forker stopped (%s; status %s): its workers are stopped", why, status)
         self.forker_due = max(now, forker.started_at + FORKER_PAUSE)
         for pool in self.pools.values():

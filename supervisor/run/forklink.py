@@ -138,44 +138,44 @@ class ForkLink:
         """The answer to the request just sent; exits read meanwhile are kept."""
         assert self.sock is not None
         deadline = time.monotonic() + REPLY_LIMIT
-        reply = None
         while True:
-            for record in self._read():  # exits may come before and after the reply
-                if record[0] == "exit":
-                    self.exits.append((record[1], record[2]))
-                else:
-                    reply = record
-            if reply is not None:
-                return reply
+            replies = self._read()  # exits may come before and after the reply
+            if replies:
+                return replies[0]
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ForkerGone(f"the forker did not answer a fork request in {REPLY_LIMIT:g}s")
             select.select([self.sock], [], [], left)
 
     def _read(self) -> list[tuple[Any, ...]]:
-        """Every record waiting, without blocking. ``ForkerGone`` on EOF."""
+        """Every record waiting, without blocking: exits go to ``exits``, the rest (replies)
+        are returned. ``ForkerGone`` on EOF, once what came before it is kept."""
         assert self.sock is not None
-        records = []
+        replies = []
         while True:
             try:
                 data = self.sock.recv(_RECORD)
             except BlockingIOError:
-                return records
+                return replies
             except OSError as exc:
                 raise ForkerGone(f"the forker's socket: {exc}") from exc
             if not data:
                 raise ForkerGone("the forker closed its end")
-            records.append(pickle.loads(data))
+            record = pickle.loads(data)
+            if record[0] == "exit":
+                self.exits.append((record[1], record[2]))
+            else:
+                replies.append(record)
 
     def take_exits(self) -> list[tuple[int, int]]:
-        """The workers reaped since the last call: (pid, wait status), in order. Once the
-        forker closed its end, ``gone`` is True (and the socket closed)."""
-        try:
-            for record in self._read():
-                if record[0] == "exit":
-                    self.exits.append((record[1], record[2]))
-        except ForkerGone:
-            self.close_socket()
+        """The workers reaped since the last call: (pid, wait status), in order, including
+        those relayed just before the forker died. Once the forker closed its end, ``gone``
+        is True (and the socket closed)."""
+        if self.sock is not None:
+            try:
+                self._read()
+            except ForkerGone:
+                self.close_socket()
         exits, self.exits = self.exits, []
         return exits
 
@@ -197,6 +197,12 @@ class ForkLink:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
         self.close_socket()
+        return self.wait(timeout)
+
+    def wait(self, timeout: float) -> int | None:
+        """Reap the forker, which is stopping or was killed (SIGKILL after ``timeout``); its
+        socket stays open, so what it relayed before it died can still be read. Its wait
+        status, or None if it was reaped already."""
         if self.pid is None:
             return None
         pid, self.pid = self.pid, None

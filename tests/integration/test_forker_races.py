@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from supervisor.model import NewJob
+from supervisor.model import ErrorKind, JobState, NewJob
 from supervisor.run.fleet import Fleet
 from supervisor.run.forklink import ForkLink
 from supervisor.store import Store
@@ -42,6 +43,33 @@ def forked(tmp_path: Path) -> Iterator[tuple[Fleet, Store]]:
 
 def job(kind: str, **payload: object) -> NewJob:
     return NewJob(kind, "p", json.dumps(payload), 1)
+
+
+def relayed(forker: ForkLink | None) -> None:
+    """Until the forker has written a record the loop did not read yet (an exit)."""
+    assert forker is not None and forker.sock is not None
+    ready, _, _ = select.select([forker.sock], [], [], 10.0)
+    assert ready, "the forker relayed nothing"
+
+
+def test_a_crash_the_forker_relayed_before_it_died_stays_a_crash(forked) -> None:
+    fleet, store = forked(handlers=handlers("segfault"), max_deliveries=1)
+    pool, _ = infleet.one_worker(fleet, short_jobs=False)
+    d = fleet.dispatcher
+    (crash,) = store.enqueue_many([job("segfault")])
+    now = fleet.clock.monotonic()
+    d.claim(pool, now)
+    d.assign(pool, now)
+    forker = fleet.forker
+    assert isinstance(forker, ForkLink) and forker.pid is not None
+    relayed(forker)  # the worker crashed and the forker said so; the loop has not read it
+    os.kill(forker.pid, signal.SIGKILL)
+    infleet.wait_exited(forker.pid)
+    fleet.reap_children(fleet.clock.monotonic())  # finds the forker dead before its record
+    d.flush(fleet.clock.monotonic(), force=True)
+    dead = store.get(crash)
+    assert dead is not None and dead.state is JobState.DEAD, dead
+    assert dead.error_kind is ErrorKind.CRASHED and dead.attempts == 1, dead
 
 
 @pytest.mark.parametrize("forker_alive", [True, False], ids=["forker", "forker-gone"])
