@@ -209,8 +209,10 @@ def fork_to_ready(forks: int, *, cgroup: bool = False, forker: bool = False) -> 
             assert isinstance(msg, protocol.Ready), msg
             protocol.write_frame(worker.fd, protocol.Shutdown())
             if link is not None:
-                while not link.take_exits():
+                while not (exits := link.take_exits()):
                     select.select([link.sock], [], [], 5.0)
+                for pid, _ in exits:
+                    link.reaped(pid)
                 status = 0
             else:
                 _, status = os.waitpid(worker.pid, 0)

@@ -18,15 +18,27 @@ worker's job left running goes up to the supervisor, which is one (``Fleet.end_s
 
 The protocol, one ``SOCK_SEQPACKET`` socketpair (each send is one record)::
 
-    supervisor -> forker   pickle((spec without handlers,))   fds: conn, cancel page[, cgroup.procs]
+    supervisor -> forker   pickle(("fork", spec without handlers))
+                                       fds: conn, cancel page[, cgroup.procs]
+                           pickle(("reaped", pid))     the loop is done with that worker
     forker -> supervisor   pickle(("forked", pid))   or   pickle(("failed", message))
-                           pickle(("exit", pid, status))      a worker it reaped (any time)
+                           pickle(("exit", pid, status))   a worker that ended (any time)
 
-Requests are answered in order, one reply each. The supervisor waits for the reply of its
-request (``supervisor.run.forklink``); exits are relayed as they happen and the supervisor
-reads them in its loop. Before reaping a worker that died abnormally the forker SIGKILLs its
-process group (the zombie keeps the group's id reserved until then), as the supervisor did
-when it reaped its workers itself.
+Fork requests are answered in order, one reply each; ``reaped`` has none. The supervisor waits
+for the reply of its request (``supervisor.run.forklink``); exits are relayed as they happen
+and the supervisor reads them in its loop.
+
+A worker's pid stays taken until the supervisor says ``reaped``. The forker watches each
+worker through a pidfd, relays its end with ``waitid(WNOWAIT)`` and leaves it a zombie; it
+reaps it only when the supervisor has read that exit and forgotten the worker. Until then the
+supervisor may still signal that pid (a deadline, a drain, a cancel, a memory kill decided a
+moment before the end): were the pid free, the kernel could give it to another process, as
+soon as its pids wrapped around (``kernel.pid_max`` is 32768 on many hosts). Before it relays
+the end of a worker that died abnormally the forker SIGKILLs its process group (the zombie
+keeps the group's id reserved), as the supervisor did when it reaped its workers itself. If
+the forker dies, the zombies it held are re-parented to the supervisor (a subreaper), which
+reaps them with their real status. (``waitid`` on a pidfd needs Linux 5.4; command handlers
+use pidfds too.)
 
 On EOF from the supervisor (it stopped, or died) the forker SIGKILLs every worker left, reaps
 them, and exits.
@@ -101,20 +113,36 @@ def ended_abnormally(code: int | None) -> bool:
     return code not in (exitcodes.OK, exitcodes.RECYCLE)
 
 
+def wait_status(si_code: int, si_status: int) -> int:
+    """The wait status ``os.waitpid`` would give for a ``waitid`` result that ended a child.
+
+    >>> [wait_status(os.CLD_EXITED, c) for c in (0, 3)]
+    [0, 768]
+    >>> [wait_status(os.CLD_KILLED, 9), wait_status(os.CLD_DUMPED, 11)]
+    [9, 139]
+    """
+    if si_code == os.CLD_EXITED:
+        return (si_status & 0xFF) << 8
+    if si_code == os.CLD_DUMPED:
+        return si_status | 0x80
+    return si_status
+
+
 def serve(sock: socket.socket, handlers: Mapping[str, Mapping[str, Handler]], parent: int) -> int:
     """The forker's life, in the child of ``supervisor.run.forklink.start_forker``: fork a
     worker per request until EOF, relaying every exit. Returns the exit code."""
-    proctitle.set_title(TITLE)
+    # dispositions before the mask is cleared: a signal held across the fork must not run
+    # the supervisor's handlers here (a Ctrl-C at its terminal reaches this process too)
+    signal.set_wakeup_fd(-1)
+    _signal.signal(signal.SIGINT, _signal.SIG_IGN)  # the supervisor coordinates every stop
+    _signal.signal(signal.SIGTERM, _signal.SIG_IGN)
+    _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)  # exits come through pidfds
     _sigmask(signal.SIG_SETMASK, ())  # fork_blocked's mask, inherited
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor coordinates every stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    proctitle.set_title(TITLE)
     limits.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != parent:  # the supervisor died before PDEATHSIG was in place
         return exitcodes.PARENT_GONE
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd is what matters
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    forker = _Forker(sock, handlers, (wake_r, wake_w))
+    forker = _Forker(sock, handlers)
     try:
         forker.run()
     finally:
@@ -123,42 +151,35 @@ def serve(sock: socket.socket, handlers: Mapping[str, Mapping[str, Handler]], pa
 
 
 class _Forker:
-    def __init__(
-        self,
-        sock: socket.socket,
-        handlers: Mapping[str, Mapping[str, Handler]],
-        wake: tuple[int, int],
-    ) -> None:
+    def __init__(self, sock: socket.socket, handlers: Mapping[str, Mapping[str, Handler]]) -> None:
         self.sock = sock
         self.handlers = handlers
-        self.wake = wake
         self.outbox: deque[bytes] = deque()  # records the socket did not take yet
-        self.children: set[int] = set()
+        # every worker not reaped yet: pid -> its pidfd, until the supervisor says "reaped"
+        self.children: dict[int, int] = {}
+        self.running: dict[int, int] = {}  # pidfd -> pid, of those whose end is not relayed
+        self.poller = select.poll()
         sock.setblocking(False)
 
     def run(self) -> None:
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
-        poller.register(self.wake[0], select.POLLIN)
+        self.poller.register(self.sock.fileno(), select.POLLIN)
         while True:
             waiting = select.POLLOUT if self.outbox else 0
-            poller.modify(self.sock.fileno(), select.POLLIN | waiting)
-            for fd, events in poller.poll():
-                if fd == self.wake[0]:
-                    with contextlib.suppress(BlockingIOError):
-                        while os.read(self.wake[0], 512):
-                            pass
-                    self.reap()
+            self.poller.modify(self.sock.fileno(), select.POLLIN | waiting)
+            for fd, events in self.poller.poll():
+                if fd in self.running:
+                    self.ended(fd)
+                elif fd != self.sock.fileno():
+                    continue  # a pidfd closed by a request handled in this same batch
                 elif events & select.POLLIN:
                     if not self.take_requests():
                         return
                 elif events & (select.POLLHUP | select.POLLERR):
                     return
-            self.reap()  # a SIGCHLD that arrived while forking
             self.flush()
 
     def take_requests(self) -> bool:
-        """Fork for every request waiting; False on EOF."""
+        """Act on every request waiting; False on EOF."""
         while True:
             try:
                 data, fds = _recv_cloexec(self.sock)
@@ -170,12 +191,23 @@ class _Forker:
                 for fd in fds:
                     os.close(fd)
                 return False
-            self.send(self.fork(data, fds))
+            try:
+                kind, arg = pickle.loads(data)
+            except Exception as exc:
+                kind, arg = "bad", exc
+            if kind == "fork":
+                self.send(self.fork(arg, fds))
+                continue
+            for fd in fds:  # only a fork request carries any
+                os.close(fd)
+            if kind == "reaped":
+                self.reap(arg)
+            else:
+                self.send(("failed", f"not a request: {arg!r}"))
 
-    def fork(self, data: bytes, fds: list[int]) -> tuple[Any, ...]:
-        """One request: fork the worker it describes; the reply."""
+    def fork(self, spec: Any, fds: list[int]) -> tuple[Any, ...]:
+        """One request: fork the worker ``spec`` describes; the reply."""
         try:
-            (spec,) = pickle.loads(data)
             conn, cancel, *cgroup = fds
             spec = replace(
                 spec,
@@ -193,36 +225,52 @@ class _Forker:
             slot = None
             try:
                 self.sock.close()
-                for fd in self.wake:
-                    os.close(fd)
+                for pidfd in self.children.values():  # its siblings' (close-on-exec only)
+                    os.close(pidfd)
                 os.setpgid(0, 0)  # its own group: a kill reaches the job's subprocesses too
                 slot = protocol.CancelSlot.adopt(cancel)
             finally:
                 runtime.main(conn, spec, slot)  # never returns
-        self.children.add(pid)
         with contextlib.suppress(OSError):  # both sides set it: a kill right after the fork
             os.setpgid(pid, pid)  # finds the group
         for fd in fds:
             os.close(fd)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:  # EMFILE: a worker it cannot watch is not one to keep
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return ("failed", f"pidfd_open: {exc}")
+        self.children[pid] = pidfd
+        self.running[pidfd] = pid
+        self.poller.register(pidfd, select.POLLIN)
         return ("forked", pid)
 
-    def reap(self) -> None:
-        while True:
-            try:  # look first (WNOWAIT): the zombie keeps its process group's id reserved
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                return
-            if info is None:
-                return
-            if ended_abnormally(info.si_status if info.si_code == os.CLD_EXITED else None):
-                # what its job started dies with it (a crash, its deadline alarm, a kill);
-                # a clean exit keeps its helpers (multiprocessing's resource tracker
-                # unlinks what the job left in /dev/shm once the worker is gone)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(info.si_pid, signal.SIGKILL)
-            pid, status = os.waitpid(info.si_pid, 0)
-            self.children.discard(pid)
-            self.send(("exit", pid, status))
+    def ended(self, pidfd: int) -> None:
+        """A worker's pidfd is readable: relay its end, and keep it a zombie (``reap``)."""
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is None:
+            return  # not ended after all
+        pid = self.running.pop(pidfd)
+        self.poller.unregister(pidfd)
+        if ended_abnormally(info.si_status if info.si_code == os.CLD_EXITED else None):
+            # what its job started dies with it (a crash, its deadline alarm, a kill);
+            # a clean exit keeps its helpers (multiprocessing's resource tracker
+            # unlinks what the job left in /dev/shm once the worker is gone)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.send(("exit", pid, wait_status(info.si_code, info.si_status)))
+
+    def reap(self, pid: int) -> None:
+        """The supervisor is done with ``pid``: reap it, and its pid may be used again."""
+        pidfd = self.children.get(pid)
+        if pidfd is None or pidfd in self.running:
+            return  # not ours, or still running: the supervisor frees only what ended
+        del self.children[pid]
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        os.close(pidfd)
 
     def send(self, record: tuple[Any, ...]) -> None:
         self.outbox.append(pickle.dumps(record))
@@ -246,9 +294,11 @@ class _Forker:
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        for pid in list(self.children):
+        for pidfd in self.children.values():
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+                os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            os.close(pidfd)
+        self.children.clear()
         self.sock.setblocking(True)
         self.sock.settimeout(1.0)
         with contextlib.suppress(OSError):

@@ -387,13 +387,15 @@ class Fleet:
         return True
 
     def on_forker(self) -> None:
-        """Workers the forker reaped; its end closed: it is gone."""
-        assert self.forker is not None and self.loop is not None
-        fd = self.forker.fileno()
+        """Workers that ended, as the forker relays them; its end closed: it is gone."""
+        forker = self.forker
+        assert forker is not None and self.loop is not None
+        fd = forker.fileno()
         now = self.clock.monotonic()
-        for pid, status in self.forker.take_exits():
+        for pid, status in forker.take_exits():
             self.worker_reaped(pid, status, now)
-        if self.forker.gone:
+            forker.reaped(pid)  # forgotten here: from now on its pid may name another process
+        if forker.gone:
             if fd is not None:
                 self.loop.unwatch(fd)
             self.forker_gone(now, "it closed its end")

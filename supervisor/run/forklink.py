@@ -5,8 +5,9 @@ the same ``WorkerHandle`` an in-process fork did. The request is answered as soo
 forker's ``fork()`` returns (the child boots on its own meanwhile): the loop waits for that
 answer as it waited for its own ``fork()`` before, up to ``REPLY_LIMIT``; a forker that does not
 answer by then is broken (``ForkerGone``: the fleet kills it and starts another). Exits come
-later, whenever the forker reaps a worker: the loop watches ``fileno()`` and takes them with
-``take_exits``.
+later, whenever a worker ends: the loop watches ``fileno()`` and takes them with
+``take_exits``, and says ``reaped`` once it has forgotten the worker; only then does the forker
+reap it, so the pid names no other process while the loop may still signal it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import socket
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -77,6 +79,7 @@ class ForkLink:
         self.pid: int | None = pid  # None once reaped
         self.sock: socket.socket | None = sock
         self.exits: list[tuple[int, int]] = []  # relayed, not taken yet: (pid, wait status)
+        self.unsent: deque[bytes] = deque()  # "reaped" records the socket did not take yet
         self.started_at = time.monotonic()
 
     def fileno(self) -> int | None:
@@ -101,11 +104,12 @@ class ForkLink:
             os.close(cancel_fd)
             raise ForkFailed(f"no socket for the worker: {exc}") from exc
         try:
-            request = pickle.dumps((replace(spec, handlers={}, cgroup_fd=None),))
+            request = pickle.dumps(("fork", replace(spec, handlers={}, cgroup_fd=None)))
             fds = [child_end.fileno(), cancel_fd]
             if cgroup_fd is not None:
                 fds.append(cgroup_fd)
             try:
+                self._flush()
                 socket.send_fds(self.sock, [request], fds)
             except BlockingIOError:  # never with one request at a time, but not a hang
                 raise ForkerGone("the forker's socket is full") from None
@@ -174,10 +178,30 @@ class ForkLink:
         if self.sock is not None:
             try:
                 self._read()
+                self._flush()
             except ForkerGone:
                 self.close_socket()
         exits, self.exits = self.exits, []
         return exits
+
+    def reaped(self, pid: int) -> None:
+        """The loop has taken worker ``pid``'s exit and forgotten it: the forker may reap it
+        (until then it stays a zombie, its pid taken) and the pid be used again."""
+        self.unsent.append(pickle.dumps(("reaped", pid)))
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send the ``reaped`` records waiting (a full socket keeps them for the next call;
+        a broken one drops them: the forker is gone, and so are its zombies)."""
+        while self.unsent and self.sock is not None:
+            try:
+                self.sock.send(self.unsent[0])
+            except BlockingIOError:
+                return
+            except OSError:
+                self.unsent.clear()
+                return
+            self.unsent.popleft()
 
     @property
     def gone(self) -> bool:

@@ -12,6 +12,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from supervisor.model import ErrorKind, JobState, NewJob
@@ -20,6 +21,8 @@ from supervisor.run.forklink import ForkLink
 from supervisor.store import Store
 from tests.integration.fleet import handlers
 from tests.support import infleet
+from tests.support.wait import eventually
+from workers import protocol
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +55,13 @@ def relayed(forker: ForkLink | None) -> None:
     assert ready, "the forker relayed nothing"
 
 
+def zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_a_crash_the_forker_relayed_before_it_died_stays_a_crash(forked) -> None:
     fleet, store = forked(handlers=handlers("segfault"), max_deliveries=1)
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
@@ -70,6 +80,22 @@ def test_a_crash_the_forker_relayed_before_it_died_stays_a_crash(forked) -> None
     dead = store.get(crash)
     assert dead is not None and dead.state is JobState.DEAD, dead
     assert dead.error_kind is ErrorKind.CRASHED and dead.attempts == 1, dead
+
+
+def test_a_workers_pid_stays_taken_until_the_loop_has_read_its_end(forked) -> None:
+    # Until the loop has read that a worker ended, it may still signal that pid (a deadline,
+    # a drain, a cancel): the pid must not be free for the kernel to give to another process
+    fleet, _ = forked(handlers=handlers("noop"))
+    pool, worker = infleet.one_worker(fleet)
+    worker.send(protocol.Shutdown())
+    relayed(fleet.forker)
+    assert zombie(worker.pid), "the worker's pid was freed before the loop read its end"
+    assert fleet.forker is not None
+    fd = fleet.forker.fileno()
+    assert fd is not None
+    fleet.loop.watched[fd]()  # type: ignore[attr-defined]  # the selector's call: on_forker
+    assert worker.pid not in pool.workers
+    eventually(lambda: not zombie(worker.pid), timeout=10)  # and now the forker reaps it
 
 
 @pytest.mark.parametrize("forker_alive", [True, False], ids=["forker", "forker-gone"])

@@ -76,6 +76,9 @@ class InlineForker:
     def take_exits(self) -> list[tuple[int, int]]:
         return []
 
+    def reaped(self, pid: int) -> None:
+        pass
+
     def close_socket(self) -> None:
         pass
 

@@ -3,10 +3,11 @@ once, also when its exit is read together with the answer to another fork reques
 
 from __future__ import annotations
 
+import doctest
 import select
 
 from supervisor.run.forklink import start_forker
-from workers import protocol
+from workers import forker, protocol
 from workers.runtime import WorkerSpec
 
 
@@ -36,6 +37,7 @@ def test_every_exit_is_relayed_once_while_forks_go_on() -> None:
                 exited.append(pid)
                 assert status == 0, (pid, status)
                 live.pop(pid).sock.close()  # type: ignore[attr-defined]
+                link.reaped(pid)
     finally:
         link.close(1.0)
     assert sorted(exited) == sorted(forked)
@@ -50,3 +52,8 @@ def test_the_forker_stops_with_its_link_and_leaves_no_worker() -> None:
     assert link.close(2.0) == 0  # it exited on its own: EOF, its worker killed and reaped
     assert worker.sock.recv(1) == b""  # the worker is gone: its end of the socket closed
     assert forker is not None
+
+
+def test_doctests_pass() -> None:
+    result = doctest.testmod(forker)
+    assert result.attempted and not result.failed
