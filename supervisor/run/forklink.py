@@ -13,6 +13,7 @@ reap it, so the pid names no other process while the loop may still signal it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import select
@@ -142,6 +143,10 @@ class ForkLink:
         """The answer to the request just sent; exits read meanwhile are kept."""
         assert self.sock is not None
         deadline = time.monotonic() + REPLY_LIMIT
+        # poll, not select: a forker started again by a supervisor holding a thousand
+        # descriptors has one past FD_SETSIZE
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
         while True:
             replies = self._read()  # exits may come before and after the reply
             if replies:
@@ -149,7 +154,7 @@ class ForkLink:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ForkerGone(f"the forker did not answer a fork request in {REPLY_LIMIT:g}s")
-            select.select([self.sock], [], [], left)
+            poller.poll(math.ceil(left * 1000))
 
     def _read(self) -> list[tuple[Any, ...]]:
         """Every record waiting, without blocking: exits go to ``exits``, the rest (replies)

@@ -182,8 +182,11 @@ class WorkerHandle:
             try:
                 data = data[os.write(self.fd, data) :]
             except BlockingIOError:
-                _, writable, _ = select.select([], [self.fd], [], timeout)
-                if not writable:
+                # poll, not select: a supervisor of some 500 workers (two descriptors each)
+                # has sockets past FD_SETSIZE
+                poller = select.poll()
+                poller.register(self.fd, select.POLLOUT)
+                if not poller.poll(math.ceil(timeout * 1000)):
                     raise TimeoutError(f"worker {self.name} stopped reading") from None
 
     def rss(self) -> int | None:

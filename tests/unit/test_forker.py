@@ -4,9 +4,16 @@ once, also when its exit is read together with the answer to another fork reques
 from __future__ import annotations
 
 import doctest
+import fcntl
+import os
+import resource
 import select
+import socket
+
+import pytest
 
 from supervisor.run.forklink import start_forker
+from supervisor.run.workerproc import WorkerHandle
 from workers import forker, protocol
 from workers.runtime import WorkerSpec
 
@@ -57,3 +64,49 @@ def test_the_forker_stops_with_its_link_and_leaves_no_worker() -> None:
 def test_doctests_pass() -> None:
     result = doctest.testmod(forker)
     assert result.attempted and not result.failed
+
+
+def test_a_forker_on_a_descriptor_past_fd_setsize_still_answers() -> None:
+    # a forker started again by a supervisor with hundreds of workers (a socket and a cancel
+    # page each) gets a descriptor above 1023, which select() cannot wait on
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1200), hard))
+    filler = []
+    try:
+        while not filler or filler[-1] < 1100:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        link = start_forker({"p": {"noop": noop}})
+        try:
+            assert (link.fileno() or 0) >= 1024
+            spec = WorkerSpec(pool="p", slot=1, handlers={}, parent_pid=0)
+            for _ in range(3):  # the first answer may come before the loop waits for it
+                worker = link.fork_worker(spec, now=0.0)
+                worker.sock.close()
+        finally:
+            link.close(1.0)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_send_to_a_worker_on_a_descriptor_past_fd_setsize_waits_as_any_other() -> None:
+    # a supervisor holds two descriptors a worker (its socket, its cancel page): its
+    # five-hundredth worker's socket is past 1023, where select() cannot wait
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1200), hard))
+    ours, theirs = socket.socketpair()
+    try:
+        high = fcntl.fcntl(ours.fileno(), fcntl.F_DUPFD_CLOEXEC, 1100)
+        sock = socket.socket(fileno=high)
+        sock.setblocking(False)
+        worker = WorkerHandle(pool="p", slot=1, pid=0, sock=sock, spawned_at=0.0)
+        with pytest.raises(TimeoutError):  # nobody reads: the buffer fills, then the wait
+            worker.send_bytes(b"x" * (8 << 20), timeout=0.05)
+        sock.close()
+    finally:
+        ours.close()
+        theirs.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
