@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from supervisor.model import JobState
-from tests.integration.fleet import Harness, handlers, wait_gone
+from tests.integration.fleet import Harness, alive, handlers, wait_gone
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.parametrize("engine", ["sqlite"])  # the store plays no part here
@@ -76,3 +76,22 @@ def test_a_worker_hands_no_descriptor_of_its_own_to_what_its_job_execs(fleet: Ha
     (job,) = fleet.wait_final([fleet.enqueue("inheritable_fds")], watch=[sup])
     assert job.state == JobState.DONE, job
     assert job.result == {}, job.result
+
+
+def test_a_ctrl_c_at_its_terminal_drains_the_fleet_and_kills_no_forker(fleet: Harness) -> None:
+    # a terminal's Ctrl-C is a SIGINT to the whole foreground process group: the supervisor,
+    # its forker and its store processes (the workers each have a group of their own)
+    fleet.configure(
+        {"p": {"handlers": handlers("sleep"), "min_workers": 1, "max_workers": 1}},
+        grace_period="10s",
+    )
+    sup = fleet.start()
+    job = fleet.enqueue("sleep", {"seconds": 3})
+    sup.wait_workers(fleet.store, "p", 1, "busy")
+    (forker,) = sup.forker_pids()
+    os.killpg(sup.pid, signal.SIGINT)
+    assert sup.wait_exit(timeout=20) == 0, sup.log()
+    assert fleet.job(job).state == JobState.DONE
+    assert "the forker stopped" not in sup.log()
+    assert sup.forks() == 1  # the forker lived through it: no second one
+    assert not psutil.pid_exists(forker) or not alive(psutil.Process(forker))
