@@ -10,6 +10,7 @@ import signal
 import psutil
 import pytest
 
+from stress import bench_slots
 from supervisor.model import JobState
 from tests.integration.fleet import Harness, alive, handlers, wait_gone
 from tests.support.wait import eventually
@@ -95,3 +96,11 @@ def test_a_ctrl_c_at_its_terminal_drains_the_fleet_and_kills_no_forker(fleet: Ha
     assert "the forker stopped" not in sup.log()
     assert sup.forks() == 1  # the forker lived through it: no second one
     assert not psutil.pid_exists(forker) or not alive(psutil.Process(forker))
+
+
+def test_the_benchmarks_find_a_supervisors_workers_under_its_forker(fleet: Harness) -> None:
+    fleet.configure({"bench": {"handlers": handlers("echo"), "min_workers": 2, "max_workers": 2}})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "bench", 2)
+    idle = bench_slots._wait_idle(psutil.Process(sup.pid), 2, timeout=10)
+    assert sorted(idle) == sorted(p.pid for p in sup.worker_processes())
