@@ -93,18 +93,20 @@ def fork_blocked() -> int:
     return pid
 
 
-def _recv_cloexec(sock: socket.socket) -> tuple[bytes, list[int]]:
-    """One record and the fds it carries, close-on-exec from the start: what a job execs
-    must not inherit its worker's socket, cancel page or cgroup.procs (SCM_RIGHTS gives them
-    without the flag, and ``socket.recv_fds`` drops its ``flags``: CPython 3.11)."""
+def _recv_cloexec(sock: socket.socket) -> tuple[bytes, list[int], bool]:
+    """One record, the fds it carries, and whether some of them were lost (MSG_CTRUNC: this
+    process is at its RLIMIT_NOFILE). The fds are close-on-exec from the start: what a job
+    execs must not inherit its worker's socket, cancel page or cgroup.procs (SCM_RIGHTS
+    gives them without the flag, and ``socket.recv_fds`` drops its ``flags``: CPython
+    3.11)."""
     fds = array.array("i")
-    data, ancdata, _, _ = sock.recvmsg(
+    data, ancdata, flags, _ = sock.recvmsg(
         MAX_RECORD, socket.CMSG_LEN(MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC
     )
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return data, list(fds)
+    return data, list(fds), bool(flags & socket.MSG_CTRUNC)
 
 
 def ended_abnormally(code: int | None) -> bool:
@@ -182,7 +184,7 @@ class _Forker:
         """Act on every request waiting; False on EOF."""
         while True:
             try:
-                data, fds = _recv_cloexec(self.sock)
+                data, fds, truncated = _recv_cloexec(self.sock)
             except BlockingIOError:
                 return True
             except ConnectionError:
@@ -195,12 +197,14 @@ class _Forker:
                 kind, arg = pickle.loads(data)
             except Exception as exc:
                 kind, arg = "bad", exc
-            if kind == "fork":
+            if kind == "fork" and not truncated:
                 self.send(self.fork(arg, fds))
                 continue
             for fd in fds:  # only a fork request carries any
                 os.close(fd)
-            if kind == "reaped":
+            if kind == "fork":  # a worker without its cgroup.procs would escape its limit
+                self.send(("failed", "out of descriptors: the request's were not all received"))
+            elif kind == "reaped":
                 self.reap(arg)
             else:
                 self.send(("failed", f"not a request: {arg!r}"))

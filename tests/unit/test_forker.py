@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from supervisor.run.forklink import start_forker
+from supervisor.run.forklink import ForkFailed, start_forker
 from supervisor.run.workerproc import WorkerHandle
 from workers import forker, protocol
 from workers.runtime import WorkerSpec
@@ -110,3 +110,25 @@ def test_a_send_to_a_worker_on_a_descriptor_past_fd_setsize_waits_as_any_other()
         ours.close()
         theirs.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_forker_out_of_descriptors_fails_the_fork_rather_than_drop_one() -> None:
+    # SCM_RIGHTS into a process at its RLIMIT_NOFILE delivers the record and drops the
+    # descriptors that do not fit (MSG_CTRUNC): a worker without its cgroup.procs would run
+    # outside its memory cgroup, one without its socket would not run at all
+    link = start_forker({"p": {"noop": noop}})
+    spec = WorkerSpec(pool="p", slot=1, handlers={}, parent_pid=0)
+    r, w = os.pipe()
+    try:
+        assert link.pid is not None
+        link.fork_worker(spec, now=0.0).sock.close()  # an answer: it is in its loop, settled
+        held = {int(fd) for fd in os.listdir(f"/proc/{link.pid}/fd")}
+        free = [fd for fd in range(max(held) + 3) if fd not in held]
+        hard = resource.prlimit(link.pid, resource.RLIMIT_NOFILE)[1]
+        resource.prlimit(link.pid, resource.RLIMIT_NOFILE, (free[1] + 1, hard))  # 2 of 3 fit
+        with pytest.raises(ForkFailed):
+            link.fork_worker(spec, now=0.0, cgroup_fd=w)
+    finally:
+        link.close(1.0)
+        os.close(r)
+        os.close(w)
