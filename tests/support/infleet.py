@@ -7,7 +7,8 @@ is replaced: ``HandLoop`` records what
 the fleet watches, and the test decides when a worker's frames are read. And the forker's part
 is done here (``InlineForker``): the workers are this process's children, reaped by
 ``Fleet.reap_children`` (the path a dead forker's workers take), so a test can hold a worker's
-exit unreaped (``wait_exited``) between two steps."""
+exit unreaped (``wait_exited``) between two steps. ``real_forker`` gives a fleet a real forker
+instead, for the races between the loop and it (tests/integration/test_forker_races.py)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,9 @@ class InlineForker:
         pass
 
     def close(self, timeout: float) -> None:
+        return None
+
+    def wait(self, timeout: float) -> None:
         return None
 
 
