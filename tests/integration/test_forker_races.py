@@ -118,3 +118,20 @@ def test_a_fork_with_no_descriptor_left_does_not_stop_the_loop(forked, forker_al
     later = now + 60.0
     fleet.spawn(later)
     assert len(pool.workers) == 1
+
+
+def test_a_forker_that_stops_answering_is_replaced_and_the_loop_goes_on(forked) -> None:
+    fleet, _ = forked(handlers=handlers("noop"))
+    pool = fleet.pools["p"]
+    old = fleet.forker
+    assert isinstance(old, ForkLink) and old.pid is not None
+    stuck = old.pid
+    os.kill(stuck, signal.SIGSTOP)  # alive, but it answers no request
+    now = fleet.clock.monotonic() + 5.0
+    fleet.spawn(now)  # waits REPLY_LIMIT for the answer, then kills that forker
+    assert fleet.forker is None and not pool.workers
+    with pytest.raises(ChildProcessError):  # killed, and reaped
+        os.waitpid(stuck, os.WNOHANG)
+    fleet.spawn(now + 60.0)  # a new forker, and the worker
+    assert isinstance(fleet.forker, ForkLink) and fleet.forker.pid != stuck
+    assert len(pool.workers) == 1
