@@ -177,9 +177,9 @@ class ForkLink:
                 replies.append(record)
 
     def take_exits(self) -> list[tuple[int, int]]:
-        """The workers reaped since the last call: (pid, wait status), in order, including
-        those relayed just before the forker died. Once the forker closed its end, ``gone``
-        is True (and the socket closed)."""
+        """The workers that ended since the last call: (pid, wait status), in order,
+        including those relayed just before the forker died. Once the forker closed its
+        end, ``gone`` is True (and the socket closed)."""
         if self.sock is not None:
             try:
                 self._read()
