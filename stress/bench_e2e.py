@@ -144,6 +144,26 @@ def running_supervisor(config: Path, log_path: Path) -> Iterator[subprocess.Pope
         proc.wait(timeout=30)
 
 
+def fleet_processes(supervisor: psutil.Process) -> tuple[list[psutil.Process], ...]:
+    """A running supervisor's children by role: (its store processes, its forker, its
+    workers). The workers are the forker's children (workers/forker.py), and its own
+    children that are neither (a dead forker's, until they are reaped)."""
+    stores: list[psutil.Process] = []
+    forkers: list[psutil.Process] = []
+    workers: list[psutil.Process] = []
+    for child in supervisor.children():
+        try:
+            name = child.name()
+            if name == "fleetd: forker":
+                forkers.append(child)
+                workers += child.children()
+            else:
+                (stores if name.startswith("fleetd: store") else workers).append(child)
+        except psutil.Error:
+            continue
+    return stores, forkers, workers
+
+
 def _measure(folder: Path, url: str, args: argparse.Namespace) -> list[str]:
     config = write_fleet(
         folder,
@@ -211,15 +231,19 @@ def _throughput(
 def _cpu(proc: psutil.Process) -> tuple[float, float]:
     """CPU seconds so far of the supervisor itself, and of its store processes."""
     times = proc.cpu_times()
-    store = 0.0
-    for child in proc.children():
+    return times.user + times.system, cpu_seconds(fleet_processes(proc)[0])
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    """CPU seconds so far of ``procs`` (those that are gone count nothing)."""
+    total = 0.0
+    for proc in procs:
         try:
-            if child.name().startswith("fleetd: store"):
-                t = child.cpu_times()
-                store += t.user + t.system
+            t = proc.cpu_times()
         except psutil.Error:
             continue
-    return times.user + times.system, store
+        total += t.user + t.system
+    return total
 
 
 def _done(client: Client) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import statistics
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ from rich.table import Table
 
 from stress.arguments import engine_arguments, engines, positive_int
 from stress.bench_e2e import running_supervisor, scratch_database, write_fleet
+from stress.fixtures import noop
 from supervisor.client import Client
 from supervisor.model import JobState
 
@@ -56,12 +58,13 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     bare = bare_loop(args.bare_jobs, args.workers)
     table = Table(title=f"a fresh worker per job ({args.workers} at once, no-op jobs)")
-    for name in ("run", "jobs", "jobs/s", "÷ bare", "per worker: job to job", "loop CPU/job"):
+    columns = ("run", "jobs", "jobs/s", "÷ bare", "per worker: job to job", "loop CPU/job")
+    for name in (*columns, "forker CPU/job"):
         table.add_column(name, justify="right")
-    table.add_row("bare fork-per-job loop", str(args.bare_jobs), f"{bare:,.0f}", "1.00", "", "")
+    table.add_row("bare fork-per-job loop", str(args.bare_jobs), f"{bare:,.0f}", "1.00", "", "", "")
     for engine, cgroup in [(e, c) for e in engines(args) for c in (True, False)]:
         with scratch_database(engine, args.postgres_url, "fresh") as (folder, url):
-            rate, cpu = fleetd_rate(folder, url, args.jobs, args.workers, cgroup)
+            rate, cpu, forker_cpu = fleetd_rate(folder, url, args.jobs, args.workers, cgroup)
         gap = args.workers / rate * 1000
         table.add_row(
             f"fleetd, {engine}" + ("" if cgroup else ", memory_cgroup = false"),
@@ -70,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             f"{rate / bare:.2f}",
             f"{gap:.1f} ms",
             f"{cpu * 1000:.2f} ms",
+            f"{forker_cpu * 1000:.2f} ms",
         )
     console.print(table)
     ready = fork_to_ready(args.forks, cgroup=False)
@@ -77,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("worker", "p50", "p90", "max"):
         timing.add_column(name, justify="right")
     timing.add_row("no cgroup", *_quantiles(ready))
+    timing.add_row(
+        "through a forker, no cgroup", *_quantiles(fork_to_ready(args.forks, forker=True))
+    )
     with_cg = fork_to_ready(args.forks, cgroup=True)
     if with_cg:
         timing.add_row("memory cgroup (attach + remove)", *_quantiles(with_cg))
@@ -117,9 +124,10 @@ def bare_loop(jobs: int, at_once: int) -> float:
 
 def fleetd_rate(
     folder: Path, url: str, jobs: int, workers: int, cgroup: bool = True
-) -> tuple[float, float]:
-    """No-op jobs per second through ``fleetd start`` with a fresh worker per job, and the
-    supervisor's own CPU seconds per job (its loop: forks, reaps, cgroups, frames)."""
+) -> tuple[float, float, float]:
+    """No-op jobs per second through ``fleetd start`` with a fresh worker per job, the
+    supervisor's own CPU seconds per job (its loop: fork requests, reaps, cgroups, frames)
+    and its forker's (forks and reaps; the workers' own CPU not included)."""
     config = write_fleet(
         folder,
         url,
@@ -139,16 +147,18 @@ memory_limit = "256MiB"
             parent = psutil.Process(proc.pid)
             while client.get(ids[0]).state is not JobState.DONE:
                 time.sleep(0.01)
-            cpu0, n0 = _cpu(parent), _done(client, ids)
+            (forker,) = [c for c in parent.children() if c.name() == "fleetd: forker"]
+            cpu0, fcpu0, n0 = _cpu(parent), _cpu(forker), _done(client, ids)
             while client.get(ids[-1]).state is not JobState.DONE:
                 time.sleep(0.1)
             while any(client.get(i).state is not JobState.DONE for i in ids[-20:]):
                 time.sleep(0.05)
-            cpu1, n1 = _cpu(parent), _done(client, ids)
+            cpu1, fcpu1, n1 = _cpu(parent), _cpu(forker), _done(client, ids)
         done = [j for j in client.store.list_jobs(limit=jobs + 10) if j.finished_at]
     first = min(j.started_at for j in done if j.started_at)
     last = max(j.finished_at for j in done if j.finished_at)
-    return len(done) / (last - first), (cpu1 - cpu0) / max(1, n1 - n0)
+    n = max(1, n1 - n0)
+    return len(done) / (last - first), (cpu1 - cpu0) / n, (fcpu1 - fcpu0) / n
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -161,8 +171,10 @@ def _done(client: Client, ids: list[int]) -> int:
     return sum(1 for j in client.store.list_jobs(limit=len(ids) + 10) if j.finished_at)
 
 
-def fork_to_ready(forks: int, *, cgroup: bool) -> list[float]:
-    """Seconds from fork to the worker's Ready frame, one worker at a time."""
+def fork_to_ready(forks: int, *, cgroup: bool = False, forker: bool = False) -> list[float]:
+    """Seconds from fork to the worker's Ready frame, one worker at a time: forked here, or
+    (``forker``) by a forker started from here, the request's round trip included."""
+    from supervisor.run.forklink import start_forker
     from supervisor.run.memcg import MemoryCgroups
     from supervisor.run.workerproc import fork_worker
     from workers import protocol
@@ -172,10 +184,12 @@ def fork_to_ready(forks: int, *, cgroup: bool) -> list[float]:
     memcg.start()
     if cgroup and memcg.base is None:
         return []
+    handlers = {"noop": noop}
+    link = start_forker({"fresh": handlers}) if forker else None
     spec = WorkerSpec(
         pool="fresh",
         slot=1,
-        handlers={"noop": lambda payload: None},
+        handlers=handlers,
         parent_pid=os.getpid(),
         memory_limit=256 << 20,
         max_jobs_per_worker=1,
@@ -184,18 +198,30 @@ def fork_to_ready(forks: int, *, cgroup: bool) -> list[float]:
     try:
         for _ in range(forks):
             start = time.perf_counter()
-            worker = fork_worker(spec, now=0.0, child_cleanup=lambda: None)
+            if link is not None:
+                worker = link.fork_worker(spec, now=0.0)
+            else:
+                worker = fork_worker(spec, now=0.0, child_cleanup=lambda: None)
             memcg.attach(worker, spec.memory_limit)
             worker.sock.setblocking(True)
             msg = protocol.read_frame(worker.fd)
             out.append(time.perf_counter() - start)
             assert isinstance(msg, protocol.Ready), msg
             protocol.write_frame(worker.fd, protocol.Shutdown())
-            _, status = os.waitpid(worker.pid, 0)
+            if link is not None:
+                while not (exits := link.take_exits()):
+                    select.select([link.sock], [], [], 5.0)
+                for pid, _ in exits:
+                    link.reaped(pid)
+                status = 0
+            else:
+                _, status = os.waitpid(worker.pid, 0)
             memcg.worker_exited(worker, status, 0.0)
             worker.sock.close()
     finally:
         memcg.close()
+        if link is not None:
+            link.close(1.0)
     return out
 
 

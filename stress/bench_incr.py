@@ -23,7 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 from stress.arguments import engine_arguments, engines, host_port, positive_int
-from stress.bench_e2e import running_supervisor, scratch_database, write_fleet
+from stress.bench_e2e import (
+    cpu_seconds,
+    fleet_processes,
+    running_supervisor,
+    scratch_database,
+    write_fleet,
+)
 from stress.fixtures import incr
 from supervisor.client import Client
 from supervisor.model import JobState
@@ -122,17 +128,8 @@ memory_limit = false
 
 
 def _cpu(parent: psutil.Process) -> tuple[float, float, float]:
-    """CPU seconds so far of the supervisor, its store processes and its workers."""
+    """CPU seconds so far of the supervisor (its loop and its forker), its store processes
+    and its workers."""
     own = parent.cpu_times()
-    store = workers = 0.0
-    for child in parent.children():
-        try:
-            t = child.cpu_times()
-            spent = t.user + t.system
-            if child.name().startswith("fleetd: store"):
-                store += spent
-            else:
-                workers += spent
-        except psutil.Error:
-            continue
-    return own.user + own.system, store, workers
+    stores, forkers, workers = fleet_processes(parent)
+    return own.user + own.system + cpu_seconds(forkers), cpu_seconds(stores), cpu_seconds(workers)

@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stress.arguments import engine_arguments, engines, positive_int
-from stress.bench_e2e import running_supervisor, scratch_database, write_fleet
+from stress.bench_e2e import fleet_processes, running_supervisor, scratch_database, write_fleet
 from supervisor.client import Client
 from supervisor.model import JobState
 from workers.tree import memory_split
@@ -138,7 +138,7 @@ def _wait_idle(parent: psutil.Process, count: int, timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         idle = []
-        for child in parent.children():
+        for child in fleet_processes(parent)[2]:
             try:
                 title = (child.cmdline() or [""])[0]  # setproctitle pads with empty args
             except psutil.Error:

@@ -448,8 +448,10 @@ class Node:
         if self.ps is None:
             return []
         out = []
-        try:
+        try:  # its forker's children (workers/forker.py), or its own once a forker died
             children = self.ps.children()
+            for forker in [c for c in children if c.name() == "fleetd: forker"]:
+                children += forker.children()
         except psutil.Error:
             return []
         for child in children:

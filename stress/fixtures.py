@@ -19,7 +19,8 @@ With ``"log": "/path"`` in the payload, each execution appends one JSON line to 
 
 ``outcome`` is ``ok`` (returned), ``raised`` (an exception; ``error`` names it) or ``started``
 (fixtures that end their process or never return write their line first, with ``end`` null).
-``ppid`` is the supervisor that forked the worker, so a run can tell which supervisor ran what.
+``ppid`` is the supervisor whose forker forked the worker (``supervisor_pid``), so a run can
+tell which supervisor ran what.
 Fixtures add their own figures (``downstream``: ``slot`` and ``waited``). Each line is one
 ``os.write`` on an fd opened with O_APPEND, so lines from concurrent workers never interleave;
 the file is created mode 0666, so workers that dropped privileges (a pool's ``user``) append
@@ -51,6 +52,21 @@ Payload = dict[str, Any]
 _leaked: list[bytes] = []  # what ``leak`` keeps, for the life of the worker
 
 
+def supervisor_pid() -> int:
+    """The supervisor running this worker: the parent of its parent, the forker
+    (workers/forker.py); outside fleetd, the parent."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            title = f.read().split(b"\0")[0]
+        if title.startswith(b"fleetd: forker"):
+            with open(f"/proc/{parent}/stat", "rb") as f:
+                return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return parent
+
+
 def record(payload: Payload, start: float, end: float | None, outcome: str, **extra: Any) -> None:
     """Append this execution's line to ``payload["log"]``, if given, in one write call."""
     path = payload.get("log") if isinstance(payload, dict) else None
@@ -65,7 +81,7 @@ def record(payload: Payload, start: float, end: float | None, outcome: str, **ex
         "job": job,
         "attempt": attempt,
         "pid": os.getpid(),
-        "ppid": os.getppid(),
+        "ppid": supervisor_pid(),
         "kind": kind,
         "start": start,
         "end": end,

@@ -64,15 +64,39 @@ CANCEL_SIGNAL = signal.SIGRTMIN + 4
 
 class CancelSlot:
     """Which job ``CANCEL_SIGNAL`` is about: one job id in a page shared by the parent and one
-    worker (anonymous ``MAP_SHARED``, made before the fork). The parent writes the id, then
-    signals; the worker's handler acts only when it names the job it runs, so a signal that
-    arrives late (that job ended, the next of a pipeline runs) is a no-op, not a cancel of the
-    wrong job. 0: nothing asked."""
+    worker. The parent writes the id, then signals; the worker's handler acts only when it
+    names the job it runs, so a signal that arrives late (that job ended, the next of a
+    pipeline runs) is a no-op, not a cancel of the wrong job. 0: nothing asked.
+
+    ``CancelSlot()`` maps an anonymous shared page (both sides of a fork made after it see
+    it); ``CancelSlot.shared()`` a memfd's, whose fd another process (the forker) can hand to
+    the worker: ``CancelSlot.adopt(fd)`` maps it there."""
 
     __slots__ = ("_page",)
 
-    def __init__(self) -> None:
-        self._page = mmap.mmap(-1, 8)  # anonymous and shared: both sides of the fork see it
+    def __init__(self, fd: int = -1) -> None:
+        self._page = mmap.mmap(fd, 8)  # MAP_SHARED: every process mapping it sees the writes
+
+    @classmethod
+    def shared(cls) -> tuple[CancelSlot, int]:
+        """A slot on a new memfd, and that fd (the caller closes it once it is handed on)."""
+        fd = os.memfd_create("fleetd-cancel", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, 8)
+            return cls(fd), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def adopt(cls, fd: int) -> CancelSlot:
+        """The slot of the memfd ``fd`` received from the parent, which is closed: mmap keeps
+        a close-on-exec copy of its own, and the received one would be inherited by every
+        program the job runs."""
+        try:
+            return cls(fd)
+        finally:
+            os.close(fd)
 
     def write(self, job_id: int) -> None:
         struct.pack_into("=q", self._page, 0, job_id)

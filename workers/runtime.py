@@ -593,11 +593,11 @@ def _reset_signals() -> None:
                 _signal.signal(sig, _signal.SIG_DFL)
         except (OSError, ValueError):  # SIGKILL, SIGSTOP and friends cannot be changed
             continue
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, _raise_soft_timeout)
-    signal.signal(protocol.CANCEL_SIGNAL, context.note_cancel)  # sets a flag; never raises
-    signal.pthread_sigmask(signal.SIG_SETMASK, {protocol.SOFT_TIMEOUT_SIGNAL})
+    _signal.signal(signal.SIGINT, _signal.SIG_IGN)
+    _signal.signal(signal.SIGTERM, _signal.SIG_IGN)
+    _signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, _raise_soft_timeout)
+    _signal.signal(protocol.CANCEL_SIGNAL, context.note_cancel)  # sets a flag; never raises
+    _sigmask(signal.SIG_SETMASK, {protocol.SOFT_TIMEOUT_SIGNAL})
 
 
 def _flush_stdio() -> None:

@@ -1,7 +1,10 @@
-"""``fleetd start``: load the config, import every handler, open the store, run the fleet.
+"""``fleetd start``: load the config, import every handler, start the forker, open the store,
+run the fleet.
 
 Everything that can be wrong with the config or the handlers is found here, before a single
-worker is forked, and reported in one line with exit status 2.
+worker is forked, and reported in one line with exit status 2. The forker (workers/forker.py)
+is forked right after the handlers are imported and before the store and the loop are: what
+it holds is what a worker needs, and a fork of it copies that much and no more.
 """
 
 from __future__ import annotations
@@ -9,16 +12,23 @@ from __future__ import annotations
 from supervisor.config import load_config
 from supervisor.imports import import_handlers
 from supervisor.observe.logs import setup_logging
-from supervisor.run.fleet import Fleet
-from supervisor.store import open_store
+from supervisor.run.forklink import start_forker
 
 
 def run(config_path: str, *, node_id: str | None = None) -> int:
     config = load_config(config_path)
     setup_logging(config.log_format)
     handlers = import_handlers(config)
-    store = open_store(config.database)
+    forker = start_forker(handlers)
     try:
-        return Fleet(config, store, handlers, node_id=node_id).run()
+        # imported only now: the forker needs none of it (the database driver, the view)
+        from supervisor.run.fleet import Fleet
+        from supervisor.store import open_store
+
+        store = open_store(config.database)
+        try:
+            return Fleet(config, store, handlers, node_id=node_id, forker=forker).run()
+        finally:
+            store.close()
     finally:
-        store.close()
+        forker.close(1.0)  # stopped already unless the start failed

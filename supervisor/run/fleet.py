@@ -1,10 +1,10 @@
-"""``Fleet``: the supervisor process. One thread, one loop; it forks every worker.
+"""``Fleet``: the supervisor process. One thread, one loop; its forker forks every worker.
 
     ┌───────────── Loop.wait(until the next timer) ─────────────┐
     │ worker frames and store replies (the loop's callbacks)    │
     │ a store process that died: fork another when due          │
     │ signals → intents (drain, skip the grace period)          │
-    │ reap children → classify how each ended → fail / release  │
+    │ reaped workers (the forker's relays) → how each ended     │
     │ watchdog → kill orders (deadline, RSS)                    │
     │ per pool: heartbeat, claim, assign                        │
     │ flush results, reap expired leases, publish the node row  │
@@ -18,7 +18,10 @@ a pass stops every worker and releases every lease before the exit (``run``'s er
 
 No thread is ever started here, so forking stays safe: the parent holds no database
 connection after boot, the metrics socket is served from the loop (observe.server), and
-children close what they inherit from the parent before running a job.
+children close what they inherit from the parent before running a job. Workers are forked by
+the forker (workers/forker.py: a small process forked at start, so a fork copies little and
+the loop pays no copy-on-write for it); the loop asks it through ``run/forklink.py`` and reads
+the exits it relays.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 from setproctitle import setproctitle
 
 from supervisor import host
@@ -49,6 +53,7 @@ from supervisor.run.controls import Controls
 from supervisor.run.counters import Counters
 from supervisor.run.dispatch import Dispatcher
 from supervisor.run.drain import Drain, DrainPhase
+from supervisor.run.forklink import ForkerGone, ForkFailed, ForkLink, start_forker
 from supervisor.run.housekeeping import Housekeeping
 from supervisor.run.loop import Loop
 from supervisor.run.memcg import MemoryCgroups
@@ -57,15 +62,17 @@ from supervisor.run.pool import Pool
 from supervisor.run.scaler import Scaler
 from supervisor.run.scheduler import Scheduler
 from supervisor.run.storelink import CALL_LIMIT, InlineLink, ProcessLink, Reply
-from supervisor.run.workerproc import WorkerHandle, WorkerState, fork_worker
+from supervisor.run.workerproc import WorkerHandle, WorkerState
 from supervisor.store import Store
 from supervisor.store.wake import CONTROLS_WAKE
-from workers import exitcodes, protocol, scratch, tree
+from workers import protocol, scratch, tree
+from workers.forker import ended_abnormally
 
 log = logging.getLogger("fleetd.supervisor")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PUBLISH_EVERY = 1.0
+FORKER_PAUSE = 1.0  # seconds between the start of a forker and that of the next
 EXIT_LOOP_ERROR = 70  # sysexits' EX_SOFTWARE: the loop failed; every lease was handed back
 WRITE_PATIENCE = 10.0  # seconds an emergency stop keeps trying to write what it holds
 
@@ -79,8 +86,13 @@ class Fleet:
         node_id: str | None = None,
         clock: Clock | None = None,
         link: InlineLink | ProcessLink | None = None,
+        forker: ForkLink | None = None,
     ) -> None:
         self.config = config
+        self.handlers = handlers
+        # started by boot.run before the heavy imports (it stays small); else at our boot
+        self.forker = forker
+        self.forker_due = 0.0  # when a forker that died may be started again
         self.store = store  # at boot only (migrated, node registered); then every call
         # goes through a link to a process of the supervisor's own, so the loop never waits
         # for the database: ``link`` for the jobs (claims, extends, results; LISTEN), and
@@ -183,7 +195,10 @@ class Fleet:
         )
         # the pauses before the first claim: the link's first read may fail or come late
         self.controls.start(self.store.pauses())
+        if self.forker is None:
+            self.forker = start_forker(self.handlers, self.child_cleanup)
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
+        self.watch_forker()
         # a daemon whose worker was killed comes to us, not init: end_strays kills it
         tree.become_subreaper()
         self.make_scratch_root()
@@ -288,13 +303,15 @@ class Fleet:
                 # a rate-held pool claims when its next token is due (Pool.rate_gate)
                 due.append(max(pool.next_poll_at, pool.rate_gate(), d.store_retry_at))
             if pool.live() < pool.wanted():
-                due.append(pool.next_spawn_at)
+                due.append(max(pool.next_spawn_at, self.forker_due))
         if self.drain.phase == DrainPhase.FINISHING:
             due.append(self.drain.deadline)
         if self.waker is None and self.store.dialect == "sqlite":
             due.append(self.next_waker_at)
         if (controls_at := self.controls.due_at()) is not None:
             due.append(controls_at)
+        if self.forker is not None and self.forker.exits:  # read already: reap them now
+            due.append(now)
         due.extend(self.link_timers(now))
         return max(0.0, min(due) - now) if due else 1.0
 
@@ -309,9 +326,10 @@ class Fleet:
         if self.drain.active:
             return
         for pool in self.pools.values():
-            if pool.spawn_due(now):
+            if pool.spawn_due(now) and self.forker_ready(now):
                 replacing = pool.take_replacement()  # for a worker that retired: no stagger
-                self.fork(pool, now)
+                if not self.fork(pool, now):
+                    continue
                 if not replacing:
                     pool.next_spawn_at = max(pool.next_spawn_at, now + self.rng.uniform(0, 0.05))
                 else:  # claim its job while it boots: it gets it the moment it is Ready
@@ -319,23 +337,93 @@ class Fleet:
             for worker in pool.idle()[: max(0, pool.live() - pool.wanted())]:
                 worker.kill(KillReason(KillKind.RETIRE, "scaled in"), now)
 
-    def fork(self, pool: Pool, now: float) -> None:
-        assert self.loop is not None
+    def fork(self, pool: Pool, now: float) -> bool:
+        """Have the forker fork one worker of ``pool``; whether it did."""
+        assert self.loop is not None and self.forker is not None
         spec = pool.spec()
         # the worker joins its cgroup itself, before Ready (so before any job is sent)
         prepared = self.memcg.prepare(spec.pool, spec.slot, pool.config.memory_limit)
-        if prepared is not None:
-            spec = dataclasses.replace(spec, cgroup_fd=prepared.fd)
         try:
-            worker = fork_worker(spec, now=now, child_cleanup=self.child_cleanup)
-        except OSError:
+            worker = self.forker.fork_worker(
+                spec, now=now, cgroup_fd=prepared.fd if prepared is not None else None
+            )
+        except (ForkFailed, ForkerGone) as exc:
             if prepared is not None:
                 self.memcg.abandon(prepared)
-            raise
+            if isinstance(exc, ForkerGone):
+                self.forker_gone(now, str(exc))
+            else:  # a failed fork (EAGAIN, ENOMEM) counts as a worker that died at boot
+                log.warning("pool %s: could not fork a worker: %s", pool.name, exc)
+                pool.boot_failed(now)
+            return False
         self.memcg.adopt(worker, prepared)
         pool.workers[worker.pid] = worker
         self.loop.watch(worker.fd, lambda w=worker: self.read_worker(w))
         self.set_title()
+        return True
+
+    # ---- the forker --------------------------------------------------------------------
+
+    def watch_forker(self) -> None:
+        assert self.loop is not None and self.forker is not None
+        fd = self.forker.fileno()
+        if fd is not None:
+            self.loop.watch(fd, self.on_forker)
+
+    def forker_ready(self, now: float) -> bool:
+        """A forker to ask: the one running, or a new one once a dead one's pause is over."""
+        if self.forker is not None:
+            return True
+        if now < self.forker_due:
+            return False
+        try:
+            self.forker = start_forker(self.handlers, self.child_cleanup)
+        except OSError as exc:  # EAGAIN, ENOMEM, EMFILE: no pool forks until the next try
+            self.forker_due = now + FORKER_PAUSE
+            log.error("could not start a forker (%s); next try in %gs", exc, FORKER_PAUSE)
+            return False
+        self.watch_forker()
+        log.info("forker started again (pid %d)", self.forker.pid)
+        return True
+
+    def on_forker(self) -> None:
+        """Workers that ended, as the forker relays them; its end closed: it is gone."""
+        forker = self.forker
+        assert forker is not None and self.loop is not None
+        fd = forker.fileno()
+        now = self.clock.monotonic()
+        for pid, status in forker.take_exits():
+            self.worker_reaped(pid, status, now)
+            forker.reaped(pid)  # forgotten here: from now on its pid may name another process
+        if forker.gone:
+            if fd is not None:
+                self.loop.unwatch(fd)
+            self.forker_gone(now, "it closed its end")
+
+    def forker_gone(self, now: float, why: str) -> None:
+        """The forker died or broke: its workers die with it (PR_SET_PDEATHSIG), come to us
+        (a subreaper) and are reaped here; their jobs are released untouched. The exits it
+        relayed before it died are read first and keep their status (a crash stays a
+        crash); one whose exit it took with it is forgotten as killed. Another forker is
+        started, at most once a second."""
+        forker, self.forker = self.forker, None
+        assert forker is not None
+        if forker.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(forker.pid, signal.SIGKILL)
+        if self.loop is not None and (fd := forker.fileno()) is not None:
+            self.loop.unwatch(fd)
+        status = forker.wait(1.0)  # dead, so its socket holds all it will ever relay
+        for pid, relayed in forker.take_exits():
+            self.worker_reaped(pid, relayed, now)
+        forker.close_socket()
+        log.error("the forker stopped (%s; status %s): its workers are stopped", why, status)
+        self.forker_due = max(now, forker.started_at + FORKER_PAUSE)
+        for pool in self.pools.values():
+            for worker in list(pool.workers.values()):
+                worker.record_kill(KillReason(KillKind.RETIRE, "the forker stopped"), now)
+                if not _is_child(worker.pid):  # reaped by the forker, exit not relayed
+                    self.worker_reaped(worker.pid, signal.SIGKILL, now)
 
     def link_timers(self, now: float) -> list[float]:
         """When the link needs the loop: a store process to fork again, frames the kernel
@@ -369,6 +457,9 @@ class Fleet:
         for process in self.processes:
             if process.sock is not None:
                 process.sock.close()
+        if self.forker is not None:
+            self.forker.close_socket()
+            self.forker.pid = None  # not this process's child: never waited for here
         for pool in self.pools.values():
             for other in pool.workers.values():
                 other.sock.close()
@@ -409,6 +500,12 @@ class Fleet:
             self.loop.unwatch(worker.fd)
 
     def reap_children(self, now: float) -> None:
+        """Workers the forker reaped (relayed while the loop waited for a fork's answer, so
+        no readable socket calls ``on_forker`` for them); then our own children: the store
+        processes, the forker, what a dead worker's job left (``end_strays``) and, after the
+        forker died, its workers."""
+        if self.forker is not None and self.forker.exits:
+            self.on_forker()
         while True:
             try:  # look first (WNOWAIT): the zombie keeps its process group's id reserved
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -416,24 +513,34 @@ class Fleet:
                 return
             if info is None:
                 return
-            if _ended_abnormally(info) and any(
+            code = info.si_status if info.si_code == os.CLD_EXITED else None
+            if ended_abnormally(code) and any(
                 info.si_pid in p.workers for p in self.pools.values()
             ):
-                # what its job started dies with it (a crash, its deadline alarm, a kill);
-                # a clean exit keeps its helpers (multiprocessing's resource tracker
-                # unlinks what the job left in /dev/shm once the worker is gone)
+                # as the forker does (workers/forker.py): the job's processes die with it
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(info.si_pid, signal.SIGKILL)
-                self.end_strays()
             pid, status = os.waitpid(info.si_pid, 0)
             process = next((p for p in self.processes if p.pid == pid), None)
             if process is not None:
                 process.exited(status, now)
-                continue
-            for pool in self.pools.values():
-                worker = pool.workers.get(pid)
-                if worker is not None:
-                    self.worker_exited(pool, worker, status, now)
+            elif self.forker is not None and pid == self.forker.pid:
+                self.forker.pid = None
+                self.forker_gone(now, f"it exited, wait status {status}")
+            else:
+                self.worker_reaped(pid, status, now)
+
+    def worker_reaped(self, pid: int, status: int, now: float) -> None:
+        """A worker ended (the forker relayed it, or it was our child): its job's strays
+        are killed if it died abnormally, then its pool hears of it."""
+        for pool in self.pools.values():
+            worker = pool.workers.get(pid)
+            if worker is not None:
+                code = os.waitstatus_to_exitcode(status)
+                if ended_abnormally(code if code >= 0 else None):
+                    self.end_strays()
+                self.worker_exited(pool, worker, status, now)
+                return
 
     def end_strays(self) -> None:
         """Kill what a dead worker's job left that escaped its process group (a daemon that
@@ -441,6 +548,8 @@ class Fleet:
         that is neither a worker nor a store process is such a stray."""
         known = {pid for p in self.pools.values() for pid in p.workers}
         known.update(p.pid for p in self.processes if p.pid is not None)
+        if self.forker is not None and self.forker.pid is not None:
+            known.add(self.forker.pid)
         for pid in tree.children(self.pid):
             if pid not in known:
                 tree.end_all(root=pid)
@@ -544,8 +653,7 @@ class Fleet:
             )
         deadline = self.clock.monotonic() + 5.0
         for worker in workers:
-            with contextlib.suppress(ChildProcessError):
-                _wait_child(worker.pid, deadline)
+            _wait_dead(worker.pid, deadline)
         for lease in d.held_leases():
             d.outbox.release(lease)
         d.forget_held()
@@ -599,6 +707,8 @@ class Fleet:
             )
             if not chores.wait_idle(1.0):
                 log.warning("node row not marked stopped: the store did not answer in 1s")
+        if self.forker is not None:
+            self.forker.close(1.0)  # it kills a worker still there (none after a drain)
         for process in self.processes:
             process.close(0.5)
         if self.waker is not None:
@@ -725,17 +835,25 @@ def _injected_fault(dispatcher: Dispatcher) -> None:
         raise RuntimeError(f"injected loop fault (FLEETD_TEST_LOOP_FAULT={at})")
 
 
-def _wait_child(pid: int, deadline: float) -> None:
-    """Reap ``pid``, waiting until ``deadline`` (monotonic) at most."""
-    while True:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done or time.monotonic() >= deadline:
+def _wait_dead(pid: int, deadline: float) -> None:
+    """Wait until ``pid`` is dead (reaped here if it is our child, else gone or a zombie of
+    the forker's) or ``deadline`` (monotonic) passed."""
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
             return
         time.sleep(0.01)
 
 
-def _ended_abnormally(info: os.waitid_result) -> bool:
-    """Killed by a signal, or exited with a code other than a clean stop or a recycle."""
-    if info.si_code != os.CLD_EXITED:
-        return True
-    return info.si_status not in (exitcodes.OK, exitcodes.RECYCLE)
+def _is_child(pid: int) -> bool:
+    """``pid`` is this process's child (alive, or a zombie not reaped yet)."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True

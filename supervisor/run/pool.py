@@ -233,9 +233,7 @@ class Pool:
         if booted or worker.kill_reason is not None:
             self.boot_failures = 0
             return
-        self.boot_failures += 1
-        delay = respawn_delay(self.boot_failures)
-        self.next_spawn_at = now + delay
+        delay = self.boot_failed(now)
         log.warning(
             "pool %s: worker %s died before it was ready (%d in a row); next fork in %.1fs",
             self.name,
@@ -243,3 +241,11 @@ class Pool:
             self.boot_failures,
             delay,
         )
+
+    def boot_failed(self, now: float) -> float:
+        """A worker that never became ready (or was never forked): the next fork waits,
+        longer each time in a row. The wait, in seconds."""
+        self.boot_failures += 1
+        delay = respawn_delay(self.boot_failures)
+        self.next_spawn_at = now + delay
+        return delay

@@ -1,5 +1,9 @@
 """``WorkerHandle``: the parent's view of one forked worker, and ``fork_worker``.
 
+The supervisor's workers are forked by its forker (workers/forker.py, through
+``supervisor.run.forklink``); ``fork_worker`` forks one from the calling process itself, for
+``fleetd check``'s probe and the benchmarks.
+
 A worker is a forked child running ``workers.runtime.main`` on one end of a socketpair. The
 parent writes ``RunJob`` frames and reads results from the other end, non-blocking, through the
 loop. States::
@@ -17,14 +21,12 @@ Every field is owned by the supervisor's main thread.
 
 from __future__ import annotations
 
-import _signal
 import contextlib
 import math
 import os
 import select
 import signal
 import socket
-import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ import psutil
 from supervisor.model import Claimed
 from supervisor.policy import KillReason
 from workers import protocol, runtime
+from workers.forker import fork_blocked
 from workers.runtime import WorkerSpec
 
 
@@ -179,8 +182,11 @@ class WorkerHandle:
             try:
                 data = data[os.write(self.fd, data) :]
             except BlockingIOError:
-                _, writable, _ = select.select([], [self.fd], [], timeout)
-                if not writable:
+                # poll, not select: a supervisor of some 500 workers (two descriptors each)
+                # has sockets past FD_SETSIZE
+                poller = select.poll()
+                poller.register(self.fd, select.POLLOUT)
+                if not poller.poll(math.ceil(timeout * 1000)):
                     raise TimeoutError(f"worker {self.name} stopped reading") from None
 
     def rss(self) -> int | None:
@@ -241,30 +247,6 @@ class WorkerHandle:
                 return
             except (ProcessLookupError, PermissionError):
                 continue
-
-
-# signal.pthread_sigmask turns the mask it returns into Signals members (~0.6 ms a fork,
-# measured: 65 enum lookups twice); the C function underneath returns plain ints.
-_sigmask = getattr(_signal, "pthread_sigmask", signal.pthread_sigmask)
-_ALL_SIGNALS = frozenset(int(s) for s in signal.valid_signals())
-
-
-def fork_blocked() -> int:
-    """``os.fork()`` with every signal blocked across it and stdout and stderr flushed first:
-    no signal reaches the child while it still has the parent's handlers (the child unblocks
-    what it wants), and the child never writes the parent's buffered output again. The
-    parent's mask is restored, also when the fork fails."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    blocked = _sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
-    try:
-        pid = os.fork()
-    except OSError:
-        _sigmask(signal.SIG_SETMASK, blocked)
-        raise
-    if pid != 0:
-        _sigmask(signal.SIG_SETMASK, blocked)
-    return pid
 
 
 def fork_paired(buffer: int | None = None) -> tuple[int, socket.socket, socket.socket]:

@@ -155,16 +155,31 @@ class Supervisor:
             self.seen.update(children)
         return [c for c in children if alive(c)]
 
+    def forker_pids(self) -> set[int]:
+        """Its forker now (workers/forker.py; a set: none while one is being replaced)."""
+        out = set()
+        for proc in self.track():
+            try:
+                if proc.ppid() == self.pid and proc.name() == "fleetd: forker":
+                    out.add(proc.pid)
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
     def worker_processes(self) -> list[psutil.Process]:
-        """Its live workers now: the descendants but its store process (and what jobs
-        started)."""
+        """Its live workers now: its forker's children (and, after the forker died, its own
+        children but the store processes and the forker)."""
+        forkers = self.forker_pids()
         out = []
         for proc in self.track():
             try:
-                if proc.ppid() == self.pid and not proc.name().startswith("fleetd: store"):
-                    out.append(proc)
+                ppid, name = proc.ppid(), proc.name()
             except psutil.NoSuchProcess:
                 continue
+            if ppid in forkers or (
+                ppid == self.pid and not name.startswith(("fleetd: store", "fleetd: forker"))
+            ):
+                out.append(proc)
         return out
 
     def descendant(self, pid: int) -> psutil.Process | None:
@@ -194,12 +209,13 @@ class Supervisor:
             return ""
 
     def forks(self) -> int:
-        """How many times the supervisor process itself called os.fork()."""
+        """How many workers were forked: the ``os.fork()`` calls of its forkers (a process
+        whose parent is the supervisor; the store processes never fork)."""
         try:
-            lines = self.fork_log.read_text().split()
+            lines = self.fork_log.read_text().splitlines()
         except FileNotFoundError:
             return 0
-        return sum(1 for line in lines if int(line) == self.pid)
+        return sum(1 for line in lines if int(line.split()[1]) == self.pid)
 
     def node(self, store: Store) -> dict[str, Any] | None:
         """This process's node row (a row left by an earlier process of the same id is not)."""

@@ -88,6 +88,7 @@ def made(tmp_path: Path):
         link = DeferLink(open_store(config.database))
         fleet = Fleet(config, store, import_handlers(config), node_id="hand", link=link)
         fleet.loop = infleet.HandLoop()  # type: ignore[assignment]
+        infleet.inline_forks(fleet)
         fleets.append(fleet)
         return fleet, store, link
 

@@ -247,6 +247,22 @@ def whoami(payload: Payload) -> dict[str, Any]:
 
 
 @recorded
+def inheritable_fds(payload: Payload) -> dict[str, str]:
+    """The worker's descriptors a program its job execs would inherit (no close-on-exec),
+    beyond stdin, stdout and stderr: fd -> what it is."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                if os.get_inheritable(fd):
+                    out[name] = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:  # the listing's own descriptor, closed by now
+                continue
+    return out
+
+
+@recorded
 def unserialisable(payload: Payload) -> object:
     """Return a set, which JSON cannot carry."""
     return {1, 2, 3}

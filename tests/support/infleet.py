@@ -4,25 +4,35 @@ kill is decided). Everything else is real: the dispatcher, the store (a SQLite f
 workers running ``workers.runtime``; store calls run inline (``InlineLink``: each call is
 answered before ``submit`` returns, so a claim fills the buffer at once). Only the selector
 is replaced: ``HandLoop`` records what
-the fleet watches, and the test decides when a worker's frames are read."""
+the fleet watches, and the test decides when a worker's frames are read. And the forker's part
+is done here (``InlineForker``): the workers are this process's children, reaped by
+``Fleet.reap_children`` (the path a dead forker's workers take), so a test can hold a worker's
+exit unreaped (``wait_exited``) between two steps. ``real_forker`` gives a fleet a real forker
+instead, for the races between the loop and it (tests/integration/test_forker_races.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import dataclasses
 import os
+import resource
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from supervisor.config import load_config
 from supervisor.imports import import_handlers
 from supervisor.run.fleet import Fleet
+from supervisor.run.forklink import ForkLink, start_forker
 from supervisor.run.pool import Pool
 from supervisor.run.storelink import InlineLink
-from supervisor.run.workerproc import WorkerHandle
+from supervisor.run.workerproc import WorkerHandle, fork_worker
 from supervisor.store import Store, open_store
 from tests.integration.fleet import write_config
+from workers.runtime import WorkerSpec
 
 
 class HandLoop:
@@ -44,6 +54,86 @@ class HandLoop:
         pass
 
 
+class InlineForker:
+    """``ForkLink``'s face (supervisor/run/forklink.py), forking in this process."""
+
+    pid = None
+    started_at = 0.0
+    gone = False
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.exits: list[tuple[int, int]] = []  # never any: the fleet reaps its own children
+
+    def fileno(self) -> None:
+        return None
+
+    def fork_worker(
+        self, spec: WorkerSpec, *, now: float, cgroup_fd: int | None = None
+    ) -> WorkerHandle:
+        spec = dataclasses.replace(spec, cgroup_fd=cgroup_fd)
+        return fork_worker(spec, now=now, child_cleanup=self.fleet.child_cleanup)
+
+    def take_exits(self) -> list[tuple[int, int]]:
+        return []
+
+    def reaped(self, pid: int) -> None:
+        pass
+
+    def close_socket(self) -> None:
+        pass
+
+    def close(self, timeout: float) -> None:
+        return None
+
+    def wait(self, timeout: float) -> None:
+        return None
+
+
+def inline_forks(fleet: Fleet) -> Fleet:
+    """``fleet`` with its workers forked in this process (``InlineForker``)."""
+    fleet.forker = InlineForker(fleet)  # type: ignore[assignment]
+    return fleet
+
+
+def real_forker(fleet: Fleet) -> Fleet:
+    """``fleet`` with a real forker (workers/forker.py), forked from this process: its
+    workers are the forker's children, their exits relayed as in ``fleetd start``."""
+    fleet.forker = start_forker(fleet.handlers, fleet.child_cleanup)
+    fleet.watch_forker()
+    return fleet
+
+
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+@contextlib.contextmanager
+def subreaper() -> Iterator[None]:
+    """This process is a child subreaper meanwhile (as the supervisor is), then as before."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    was = ctypes.c_int(0)
+    libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """Meanwhile this process can open no new descriptor (EMFILE): its soft RLIMIT_NOFILE is
+    its lowest free descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.dup(0)
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
     """A fleet with one pool ``p`` on a fresh SQLite file; nothing forked yet."""
     config = load_config(write_config(folder, f"sqlite:///{folder}/q.db", {"p": pool}))
@@ -51,6 +141,7 @@ def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
     handlers = import_handlers(config)
     fleet = Fleet(config, store, handlers, node_id="hand", link=InlineLink(store, time.monotonic))
     fleet.loop = HandLoop()  # type: ignore[assignment]
+    inline_forks(fleet)
     return fleet, store
 
 
@@ -89,4 +180,6 @@ def stop_all(fleet: Fleet) -> None:
                 os.waitpid(worker.pid, 0)
             except (OSError, ChildProcessError):
                 pass
+    if isinstance(fleet.forker, ForkLink):
+        fleet.forker.close(1.0)
     fleet.memcg.close()

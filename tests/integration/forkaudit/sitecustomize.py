@@ -1,8 +1,9 @@
 """Counts forks: ``site`` imports this module at start-up in a Python whose PYTHONPATH holds
 this folder (the integration tests start ``fleetd start`` that way). With
-``FLEETD_TEST_FORK_LOG`` set, every ``os.fork()`` of the process appends the forking pid to
-that file, from an audit hook (the ``os.fork`` audit event is raised before the fork), so a
-test can say exactly how many workers a supervisor forked, or that it forked none.
+``FLEETD_TEST_FORK_LOG`` set, every ``os.fork()`` of the process appends the forking pid and
+its parent's to that file, from an audit hook (the ``os.fork`` audit event is raised before
+the fork), so a test can say exactly how many workers a supervisor forked, or that it forked
+none.
 """
 
 import os
@@ -16,7 +17,7 @@ def _on_audit(event: str, _args: tuple) -> None:
         return
     fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{os.getpid()} {os.getppid()}\n".encode())
     finally:
         os.close(fd)
 

@@ -1,0 +1,106 @@
+"""The forker (workers/forker.py) forks every worker; the supervisor never does. A forker that
+dies takes its workers with it (PR_SET_PDEATHSIG), and that is nobody's job's fault: their jobs
+are released with the delivery given back, another forker is started, and the jobs run again."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from stress import bench_slots
+from supervisor.model import JobState
+from tests.integration.fleet import Harness, alive, handlers, wait_gone
+from tests.support.wait import eventually
+
+pytestmark = pytest.mark.parametrize("engine", ["sqlite"])  # the store plays no part here
+
+
+def test_workers_are_the_forkers_children_and_the_supervisor_forks_none(fleet: Harness) -> None:
+    fleet.configure({"p": {"handlers": handlers("echo"), "min_workers": 2, "max_workers": 2}})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "p", 2)
+    (forker,) = sup.forker_pids()
+    workers = sup.worker_processes()
+    assert len(workers) == 2 and all(w.ppid() == forker for w in workers)
+    (job,) = fleet.wait_final([fleet.enqueue("echo", {"n": 1})], watch=[sup])
+    assert job.state == JobState.DONE
+    assert sup.forks() == 2  # by the forker; the supervisor's own log holds no worker fork
+
+
+def test_a_forker_that_dies_costs_no_job_a_delivery(fleet: Harness) -> None:
+    fleet.configure(
+        {
+            "p": {
+                "handlers": handlers("sleep"),
+                "min_workers": 2,
+                "max_workers": 2,
+                "max_deliveries": 1,  # a delivery charged for the forker's death: dead
+            }
+        }
+    )
+    sup = fleet.start()
+    ids = [fleet.enqueue("sleep", {"seconds": 1.5}) for _ in range(2)]
+    sup.wait_workers(fleet.store, "p", 2, "busy")
+    workers = sup.worker_processes()
+    (forker,) = sup.forker_pids()
+    os.kill(forker, signal.SIGKILL)
+    wait_gone(workers, timeout=2.0)  # they die with it
+    new = eventually(lambda: sup.forker_pids() - {forker}, timeout=10)
+    assert len(new) == 1
+    jobs = fleet.wait_final(ids, timeout=20, watch=[sup])
+    for job in jobs:
+        assert job.state == JobState.DONE, job
+        assert job.attempts == 1, job  # the interrupted delivery was given back
+    sup.check_alive()
+    assert "the forker stopped" in sup.log()
+    assert all(w.ppid() in new for w in sup.worker_processes())
+    assert not [p for p in psutil.process_iter() if p.pid == forker and p.is_running()]
+
+
+def test_a_worker_hands_no_descriptor_of_its_own_to_what_its_job_execs(fleet: Harness) -> None:
+    # the worker's socket, its cancel page and its cgroup.procs come over SCM_RIGHTS: a
+    # program its job started (os.system, a Popen with close_fds=False) must not keep them
+    fleet.configure(
+        {
+            "p": {
+                "handlers": handlers("inheritable_fds"),
+                "min_workers": 1,
+                "max_workers": 1,
+                "memory_limit": "256MiB",  # a memory cgroup too, where the host has them
+            }
+        }
+    )
+    sup = fleet.start()
+    (job,) = fleet.wait_final([fleet.enqueue("inheritable_fds")], watch=[sup])
+    assert job.state == JobState.DONE, job
+    assert job.result == {}, job.result
+
+
+def test_a_ctrl_c_at_its_terminal_drains_the_fleet_and_kills_no_forker(fleet: Harness) -> None:
+    # a terminal's Ctrl-C is a SIGINT to the whole foreground process group: the supervisor,
+    # its forker and its store processes (the workers each have a group of their own)
+    fleet.configure(
+        {"p": {"handlers": handlers("sleep"), "min_workers": 1, "max_workers": 1}},
+        grace_period="10s",
+    )
+    sup = fleet.start()
+    job = fleet.enqueue("sleep", {"seconds": 3})
+    sup.wait_workers(fleet.store, "p", 1, "busy")
+    (forker,) = sup.forker_pids()
+    os.killpg(sup.pid, signal.SIGINT)
+    assert sup.wait_exit(timeout=20) == 0, sup.log()
+    assert fleet.job(job).state == JobState.DONE
+    assert "the forker stopped" not in sup.log()
+    assert sup.forks() == 1  # the forker lived through it: no second one
+    assert not psutil.pid_exists(forker) or not alive(psutil.Process(forker))
+
+
+def test_the_benchmarks_find_a_supervisors_workers_under_its_forker(fleet: Harness) -> None:
+    fleet.configure({"bench": {"handlers": handlers("echo"), "min_workers": 2, "max_workers": 2}})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "bench", 2)
+    idle = bench_slots._wait_idle(psutil.Process(sup.pid), 2, timeout=10)
+    assert sorted(idle) == sorted(p.pid for p in sup.worker_processes())
