@@ -75,6 +75,7 @@ from supervisor.model import (
     RetryBudget,
 )
 from supervisor.store import driver, fair, migrations
+from supervisor.store.ackclaim import AckClaims, Partial
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
 from supervisor.store.controls import ControlTable
@@ -107,15 +108,11 @@ _OWNED_STMT = (
 )
 
 
-class _Partial(Exception):
-    """Inside the store only: a batched write did not take for every row; roll it back."""
-
-
 # A delivery whose cancel was requested ends cancelled, whatever ended it (controls.py)
 CANCEL_ASKED = jobs.c.cancel_requested_at.is_not(None)
 
 
-class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
+class SqlStore(AckClaims, CappedClaims, RatedClaims, ScheduleTable, ControlTable):
     """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
 
     dialect = "sql"
@@ -534,8 +531,18 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
         rolled back and redone knowing which leases are still ours."""
         if not acks:
             return []
+        params = self._ack_params(acks)
+        try:
+            with self._tx() as conn:
+                self._ack_every(conn, params)
+            self._finals_committed([p["b_id"] for p in params])
+            return []
+        except Partial:
+            return self._ack_owned(acks, params)
+
+    def _ack_params(self, acks: Sequence[Ack]) -> list[dict[str, Any]]:
         now = self._clock.now() if self._clock is not None else None
-        params = [
+        return [
             {
                 "b_id": a.lease.job_id,
                 "b_token": a.lease.token,
@@ -546,17 +553,18 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
             }
             for a in acks
         ]
-        ids = [a.lease.job_id for a in acks]
-        try:
-            with self._tx() as conn:
-                changed = driver.executemany(conn, self._ack_raw, params)
-                if changed != len(acks) or not conn.dialect.supports_sane_multi_rowcount:
-                    raise _Partial  # roll back, and redo it row by row below
-                self._finals_in_tx(conn, ids)
-            self._finals_committed(ids)
-            return []
-        except _Partial:
-            pass
+
+    def _ack_every(self, conn: Connection, params: list[dict[str, Any]]) -> None:
+        """Ack every row in ``conn``'s transaction, or raise ``Partial`` (roll it back: a
+        lease was no longer ours, and the batch must be redone by ``_ack_owned``)."""
+        changed = driver.executemany(conn, self._ack_raw, params)
+        if changed != len(params) or not conn.dialect.supports_sane_multi_rowcount:
+            raise Partial
+        self._finals_in_tx(conn, [p["b_id"] for p in params])
+
+    def _ack_owned(self, acks: Sequence[Ack], params: list[dict[str, Any]]) -> list[Lease]:
+        """Ack the rows still held under their lease, in one transaction that first reads
+        (and on PostgreSQL locks) which are; the others are returned, unchanged."""
         with self._tx() as conn:
             owned = self._owned(conn, [a.lease for a in acks])
             mine = [p for p, a in zip(params, acks, strict=True) if a.lease in owned]
