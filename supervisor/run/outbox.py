@@ -133,13 +133,26 @@ class Outbox:
             or not running
         ):
             return
-        self.writing, self.todo = todo, Results()
+        self.link.submit("write_results", self._send(), on_reply=self.written)
+
+    def take(self, now: float) -> Results | None:
+        """What waits, to be written first in the request of a claim sent now
+        (``write_and_claim``: the trip is paid anyway, so acks wait for no company); None
+        when a batch is in flight, the store is backing off, or nothing waits. The caller
+        hands the reply's part to ``written``."""
+        if self.writing is not None or now < self.health.retry_at or not self.todo:
+            return None
+        return self._send()
+
+    def _send(self) -> Results:
+        self.writing, self.todo = self.todo, Results()
         # sent: a claim sent after this runs after it. A batch that fails comes back to todo
         # uncounted; until it is written, the fair order counts those jobs as running
         self.finishing.clear()
-        self.link.submit("write_results", todo, on_reply=self._written)
+        return self.writing
 
-    def _written(self, reply: Reply) -> None:
+    def written(self, reply: Reply) -> None:
+        """The reply of the batch in flight: what took, what was refused, what is left."""
         batch, self.writing = self.writing, None
         assert batch is not None
         now = self.monotonic()

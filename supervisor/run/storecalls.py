@@ -158,6 +158,56 @@ def _narrowed(
         items.pop(0)
 
 
+# ---- results and the next claim in one request ---------------------------------------------
+
+
+@dataclass(slots=True)
+class WrittenClaim:
+    """What ``write_and_claim`` did: the results' ``Written``, and the claim's rows, or the
+    error that stopped it (the claim is not tried when the results could not be written)."""
+
+    written: Written
+    rows: list[ClaimRow]
+    claim_error: StoreError | None = None
+
+
+def write_and_claim(store: Any, todo: Results, **claim: Any) -> WrittenClaim:
+    """Write ``todo``, then claim (``claim_rows``): one request where there were two. Acks
+    alone before a plain claim (no caps, no fair order) are one store call where the store
+    shares a transaction between them (``Store.ack_and_claim``, SQLite); otherwise, or when
+    an ack is refused (narrowed to its row), the results are written as ``write_results``
+    writes them and the claim follows on its own."""
+    if _shared(store, todo, claim):
+        acks = [ack_of(r) for r in todo.acks]
+        try:
+            lost, rows = store.ack_and_claim(acks, **_plain(claim))
+            return WrittenClaim(Written(lost_acks=lost), rows)
+        except StoreUnavailable as exc:  # one transaction: nothing written, nothing claimed
+            return WrittenClaim(Written(unwritten=Results(list(todo.acks)), error=exc), [], exc)
+        except StoreError:  # refused, and rolled back: narrowed to its row below
+            pass
+    written = write_results(store, todo)
+    if written.error is not None:
+        return WrittenClaim(written, [], written.error)
+    try:
+        return WrittenClaim(written, store.claim_rows(**claim))
+    except StoreError as exc:
+        return WrittenClaim(written, [], exc)
+
+
+def _shared(store: Any, todo: Results, claim: dict[str, Any]) -> bool:
+    """Whether ``todo`` and ``claim`` go as one ``ack_and_claim``: acks alone, a plain claim,
+    a store that shares their transaction."""
+    only_acks = bool(todo.acks) and not todo.fails and not todo.releases
+    plain = claim.get("limits") is None and not claim.get("finished")
+    return only_acks and plain and store.acks_share_claims
+
+
+def _plain(claim: dict[str, Any]) -> dict[str, Any]:
+    """A plain claim's arguments, as ``ack_and_claim`` takes them."""
+    return {k: v for k, v in claim.items() if k not in ("limits", "finished")}
+
+
 # ---- reads and housekeeping ------------------------------------------------------------------
 
 
@@ -192,6 +242,7 @@ def scaler_read(store: Any, pools: list[str], window: float) -> tuple[Any, Any, 
 PROCEDURES = {
     "claim_rows_none": claim_rows_none,
     "write_results": write_results,
+    "write_and_claim": write_and_claim,
     "reap_described": reap_described,
     "observer_read": observer_read,
     "scaler_read": scaler_read,
