@@ -173,22 +173,26 @@ class WrittenClaim:
 
 def write_and_claim(store: Any, todo: Results, **claim: Any) -> WrittenClaim:
     """Write ``todo``, then claim (``claim_rows``): one request where there were two. Acks
-    alone before a plain claim (no caps, no fair order) are one store call where the store
-    shares a transaction between them (``Store.ack_and_claim``, SQLite); otherwise, or when
-    an ack is refused (narrowed to its row), the results are written as ``write_results``
-    writes them and the claim follows on its own."""
+    alone before a claim without caps share the claim's transaction where the store can
+    (``Store.ack_and_claim``, SQLite); otherwise, or when an ack is refused (narrowed to its
+    row), the results are written as ``write_results`` writes them. A claim the shared call
+    did not make (a fair pool's tenants mixed) follows on its own."""
+    rows: list[ClaimRow] | None = None
     if _shared(store, todo, claim):
         acks = [ack_of(r) for r in todo.acks]
         try:
-            lost, rows = store.ack_and_claim(acks, **_plain(claim))
-            return WrittenClaim(Written(lost_acks=lost), rows)
+            lost, rows = store.ack_and_claim(acks, **_shareable(claim))
+            written = Written(lost_acks=lost)
         except StoreUnavailable as exc:  # one transaction: nothing written, nothing claimed
             return WrittenClaim(Written(unwritten=Results(list(todo.acks)), error=exc), [], exc)
         except StoreError:  # refused, and rolled back: narrowed to its row below
-            pass
-    written = write_results(store, todo)
+            written = write_results(store, todo)
+    else:
+        written = write_results(store, todo)
     if written.error is not None:
         return WrittenClaim(written, [], written.error)
+    if rows is not None:
+        return WrittenClaim(written, rows)
     try:
         return WrittenClaim(written, store.claim_rows(**claim))
     except StoreError as exc:
@@ -196,16 +200,17 @@ def write_and_claim(store: Any, todo: Results, **claim: Any) -> WrittenClaim:
 
 
 def _shared(store: Any, todo: Results, claim: dict[str, Any]) -> bool:
-    """Whether ``todo`` and ``claim`` go as one ``ack_and_claim``: acks alone, a plain claim,
-    a store that shares their transaction."""
+    """Whether ``todo`` and ``claim`` go as one ``ack_and_claim``: acks alone, a claim without
+    caps, a store that shares their transaction."""
     only_acks = bool(todo.acks) and not todo.fails and not todo.releases
-    plain = claim.get("limits") is None and not claim.get("finished")
-    return only_acks and plain and store.acks_share_claims
+    limits = claim.get("limits")
+    uncapped = (limits is None or not limits.capped) and not claim.get("finished")
+    return only_acks and uncapped and store.acks_share_claims
 
 
-def _plain(claim: dict[str, Any]) -> dict[str, Any]:
-    """A plain claim's arguments, as ``ack_and_claim`` takes them."""
-    return {k: v for k, v in claim.items() if k not in ("limits", "finished")}
+def _shareable(claim: dict[str, Any]) -> dict[str, Any]:
+    """A claim's arguments, as ``ack_and_claim`` takes them (no results are waiting)."""
+    return {k: v for k, v in claim.items() if k != "finished"}
 
 
 # ---- reads and housekeeping ------------------------------------------------------------------

@@ -357,20 +357,38 @@ class SqlStore(AckClaims, CappedClaims, RatedClaims, ScheduleTable, ControlTable
         by_tenant = limits is not None and limits.fair
         if by_tenant and pool in self._mixed_pools:
             return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
+        with self._auto() as conn:
+            rows = self._claim_plain_in(conn, pool, kinds, n, node, lease, by_tenant, budget)
+        if rows is None:  # more than one tenant queued: the fair claim, in its own transaction
+            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
+        return rows
+
+    def _claim_plain_in(
+        self,
+        conn: Connection,
+        pool: str,
+        kinds: Collection[str],
+        n: int,
+        node: str,
+        lease: float,
+        by_tenant: bool,
+        budget: RetryBudget | None,
+    ) -> list[ClaimRow] | None:
+        """The plain claim on ``conn`` (guarded when the pool is fair and one tenant queued
+        is not known), its rows in claim order; None when the guard found more than one
+        tenant queued: the pool is remembered as mixed, and the fair claim is the caller's."""
         at_mono = self._monotonic()
         guarded = by_tenant and not fair.one_tenant_known(self._one_tenant_at.get(pool), at_mono)
         raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=guarded)
-        with self._auto() as conn:
-            rows = driver.fetchall(conn, raw, params)
-            mixed = guarded and not rows and self._mixed(conn, pool)
-            if budget is not None and rows:
-                at = rows[0][CLAIMED_AT]
-                self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        rows = driver.fetchall(conn, raw, params)
+        if guarded and not rows and self._mixed(conn, pool):
+            self._mixed_pools.add(pool)
+            return None
+        if budget is not None and rows:
+            at = rows[0][CLAIMED_AT]
+            self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
         if guarded and rows:
             self._one_tenant_at[pool] = at_mono
-        if mixed:
-            self._mixed_pools.add(pool)
-            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
 

@@ -9,7 +9,16 @@ import json
 import pytest
 
 from supervisor.errors import StoreRejected, StoreUnavailable
-from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob, RetryBudget
+from supervisor.model import (
+    Ack,
+    ClaimLimits,
+    ErrorKind,
+    Failure,
+    JobState,
+    Lease,
+    NewJob,
+    RetryBudget,
+)
 from supervisor.run.storecalls import Results, write_and_claim
 from supervisor.store.rows import as_claimed
 from tests.store.test_caps import counters
@@ -19,8 +28,8 @@ CLAIM = {"pool": "bulk", "kinds": {"render"}, "n": 2, "node": "node-a", "lease":
 REFUSED = '"\ud800"'  # a lone surrogate: no driver can encode it (StoreRejected)
 
 
-def job(priority: int = 0) -> NewJob:
-    return NewJob("render", "bulk", json.dumps({"n": 1}), 3, priority=priority)
+def job(priority: int = 0, tenant: str | None = None) -> NewJob:
+    return NewJob("render", "bulk", json.dumps({"n": 1}), 3, priority=priority, tenant=tenant)
 
 
 def claimed(store, n: int = 2) -> list:
@@ -46,16 +55,34 @@ def test_acks_then_a_claim_in_one_call(store, clock):
         assert row.locked_until == clock.now() + LEASE == c.locked_until
 
 
-def test_a_stale_ack_is_reported_changes_nothing_and_the_claim_still_runs(store):
+def test_a_stale_ack_is_reported_changes_nothing_and_the_claim_is_left_to_the_caller(store):
     ids = store.enqueue_many([job(), job(), job()])
     a, b = claimed(store)
     stale = Lease(b.job_id, "not-the-token")
     lost, rows = store.ack_and_claim([Ack(a.lease, '"a"'), Ack(stale, '"forged"')], **CLAIM)
-    assert lost == [stale]
+    assert lost == [stale] and rows is None  # the acks redone the slow way, no claim made
     assert store.get(a.job_id).state is JobState.DONE
     row = store.get(b.job_id)
     assert row.state is JobState.LEASED and row.result is None
-    assert [r[0] for r in rows] == [ids[2]]
+    assert store.get(ids[2]).state is JobState.QUEUED
+
+
+def test_a_fair_pool_claims_in_the_transaction_while_one_tenant_is_queued(store):
+    fair = ClaimLimits()  # fair by default: the plain claim, guarded
+    ids = store.enqueue_many([job(tenant="a") for _ in range(4)])
+    a, b = claimed(store)
+    lost, rows = store.ack_and_claim([Ack(a.lease), Ack(b.lease)], **CLAIM, limits=fair)
+    assert lost == [] and [r[0] for r in rows] == ids[2:]
+    store.enqueue_many([job(tenant="a"), job(tenant="b")])
+    c, d = (as_claimed(r) for r in rows)
+    store._one_tenant_at.clear()  # the guard runs again (it would after fair.GUARD_EVERY)
+    lost, rows = store.ack_and_claim([Ack(c.lease), Ack(d.lease)], **CLAIM, limits=fair)
+    assert lost == [] and rows is None  # two tenants: the fair claim is the caller's
+    assert store.get(c.job_id).state is JobState.DONE is store.get(d.job_id).state
+    got = store.claim_rows(**CLAIM, limits=fair)
+    assert {store.get(r[0]).tenant for r in got} == {"a", "b"}
+    with pytest.raises(ValueError):  # a capped claim never shares the acks' transaction
+        store.ack_and_claim([], **CLAIM, limits=ClaimLimits(max_inflight=5))
 
 
 def test_a_refused_result_writes_nothing_and_claims_nothing(store):
@@ -73,18 +100,17 @@ def test_its_claim_counts_deliveries_in_the_pools_budget(store):
     store.ack_and_claim([Ack(a.lease), Ack(b.lease)], **CLAIM, budget=RetryBudget(0.1))
     assert counters(store)["deliveries"] == 2
     c, d = claimed(store)
-    stale = Lease(c.job_id, "stale")  # the slow way: the acks, then the claim on its own
+    stale = Lease(c.job_id, "stale")  # the slow way: no claim made, none counted
     store.ack_and_claim([Ack(stale), Ack(d.lease)], **CLAIM, budget=RetryBudget(0.1))
-    assert counters(store)["deliveries"] == 4
+    assert counters(store)["deliveries"] == 2
 
 
-def test_without_acks_it_claims_and_with_nothing_to_claim_it_acks(store):
-    ids = store.enqueue_many([job(), job()])
-    lost, rows = store.ack_and_claim([], **(CLAIM | {"n": 1}))
-    assert lost == [] and [r[0] for r in rows] == [ids[0]]
-    lease = Lease(rows[0][0], rows[0][1])
-    lost, rows = store.ack_and_claim([Ack(lease)], **(CLAIM | {"n": 0}))
-    assert lost == [] and rows == [] and store.get(ids[0]).state is JobState.DONE
+def test_without_acks_or_with_nothing_to_claim_it_acks_alone(store):
+    (jid,) = store.enqueue_many([job()])
+    assert store.ack_and_claim([], **CLAIM) == ([], None)
+    (a,) = claimed(store)
+    assert store.ack_and_claim([Ack(a.lease)], **(CLAIM | {"n": 0})) == ([], None)
+    assert store.get(jid).state is JobState.DONE
 
 
 # ---- the request: storecalls.write_and_claim -------------------------------------------------
@@ -101,6 +127,15 @@ def test_the_request_writes_then_claims(store):
     assert out.claim_error is None and out.written.error is None and not out.written.lost_acks
     assert [r[0] for r in out.rows] == ids[2:]
     assert store.get(a.job_id).state is JobState.DONE is store.get(b.job_id).state
+
+
+def test_the_request_claims_a_mixed_fair_pool_in_the_fair_order(store):
+    store.enqueue_many([job(tenant="a"), job(tenant="a"), job(tenant="a"), job(tenant="b")])
+    a, b = claimed(store)
+    out = write_and_claim(store, Results([ack_row(a), ack_row(b)]), **CLAIM, limits=ClaimLimits())
+    assert out.claim_error is None and not out.written.lost_acks
+    assert {store.get(r[0]).tenant for r in out.rows} == {"a", "b"}
+    assert store.get(a.job_id).state is JobState.DONE
 
 
 def test_a_refused_result_fails_alone_and_the_claim_still_runs(store):

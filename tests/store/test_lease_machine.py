@@ -267,7 +267,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.issued)
     @rule(data=st.data(), n=st.integers(0, 5))
     def ack_and_claim(self, data: st.DataObject, n: int) -> None:
-        """Acks, then a plain claim, as one call (one transaction on SQLite)."""
+        """Acks, and a plain claim in their transaction, as one call."""
         leases = self.pick(data)
         ready = sorted(
             (-e.priority, e.available_at, jid)
@@ -282,6 +282,9 @@ class LeaseMachine(RuleBasedStateMachine):
         for x in leases:
             if x not in lost:
                 self.model[x.job_id].state = JobState.DONE
+        if rows is None:  # not claimed (the caller claims after): no acks, n 0, or one lost
+            assert not leases or n == 0 or lost or len({x.job_id for x in leases}) < len(leases)
+            return
         got = [as_claimed(r) for r in rows]
         assert [c.job_id for c in got] == [jid for _, _, jid in ready[:n]]
         for c in got:
