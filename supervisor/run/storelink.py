@@ -67,6 +67,11 @@ class Reply:
     error: StoreError | None
     started: float
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as a call with its fields: a slots dataclass's own way (its state set
+        # field by field in Python) was ~10 µs of every reply, on each side of the socket
+        return (Reply, (self.value, self.error, self.started))
+
 
 OnReply = Callable[[Reply], None]
 
