@@ -236,7 +236,7 @@ class Dispatcher:
             writes = Reply(out.written, None, reply.started)
             claimed = Reply(out.rows, out.claim_error, reply.started)
         try:
-            self.outbox.written(writes)
+            self.outbox.rode(writes)
         finally:
             # a claim not tried because the write failed: that failure is counted once
             failed = writes.error is not None or writes.value.error is not None
