@@ -106,7 +106,7 @@ class Controls:
         now = self.clock.monotonic()
         if reply.error is not None:
             if not isinstance(reply.error, StoreUnavailable):
-                # not the database being away: a bug (as Outbox.written). The loop's error
+                # not the database being away: a bug (as Outbox._written). The loop's error
                 # policy stops the supervisor; backing off would hide it and retry forever
                 raise reply.error
             self.health.failed(now, "read controls", reply.error)

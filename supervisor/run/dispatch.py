@@ -46,7 +46,7 @@ from supervisor.run.exits import ExitVerdict, job_verdicts
 from supervisor.run.leases import Buffered, LeaseKeeper
 from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
-from supervisor.run.storecalls import WrittenClaim, claimed_job
+from supervisor.run.storecalls import claimed_job
 from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, RETIME, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
@@ -209,46 +209,18 @@ class Dispatcher:
                 **claim,
             )
             return
-        # the results waiting go in the same request, written before the claim: one trip to
-        # the store process (and on SQLite one transaction) where there were two
-        results = self.outbox.take(now)
         if limits.capped or limits.fair:  # not armed: the results may be written meanwhile
             claim["finished"] = self.outbox.finished(pool.name) or None
-        if results is not None:
-            self.link.submit(
-                "write_and_claim",
-                results,
-                on_reply=lambda reply: self._wrote_and_claimed(pool, want, reply),
-                **claim,
-            )
-            return
         self.link.submit(
             "claim_rows", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
         )
 
-    def _wrote_and_claimed(self, pool: Pool, want: int, reply: Reply) -> None:
-        """A ``write_and_claim`` reply: its results' part to the outbox, then its claim's
-        (whatever the first did: the claim's jobs must be known, to run or to release)."""
-        if reply.error is not None:  # the request itself failed: both parts did
-            writes = claimed = reply
-        else:
-            out: WrittenClaim = reply.value
-            writes = Reply(out.written, None, reply.started)
-            claimed = Reply(out.rows, out.claim_error, reply.started)
-        try:
-            self.outbox.rode(writes)
-        finally:
-            # a claim not tried because the write failed: that failure is counted once
-            failed = writes.error is not None or writes.value.error is not None
-            self._claimed(pool, want, claimed, counted=failed)
-
-    def _claimed(self, pool: Pool, want: int, reply: Reply, *, counted: bool = False) -> None:
+    def _claimed(self, pool: Pool, want: int, reply: Reply) -> None:
         self.claiming.discard(pool.name)
         self.armed.discard(pool.name)
         now = self.clock.monotonic()
         if reply.error is not None:
-            if not counted:  # (a backoff already taken for this request's writes)
-                self.health.failed(now, "claim", reply.error)
+            self.health.failed(now, "claim", reply.error)
             return
         self.health.ok()
         rows = reply.value

@@ -4,13 +4,9 @@
     store process: write_results ──> Written: what took, what was refused (that job alone
     fails), what is left if the store became unavailable (written again after a backoff)
 
-One batch is written alone at a time; results arriving meanwhile wait for the next. Failures
-and releases go on the pass that saw them; acks alone wait up to ``ACK_WAIT`` for company while
-other jobs run (a SQLite commit costs ~150 µs whatever it holds). A claim sent while results
-wait takes them along (``take``: one request, ``write_and_claim``), one such batch at a time
-beside the one written alone: were it the only one, every write would wait for a claim's
-reply, and the store process for the loop between two requests (no-op jobs on SQLite: half
-the rate). Nothing is dropped while the
+One batch is in flight at a time; results arriving meanwhile wait for the next. Failures and
+releases go on the pass that saw them; acks alone wait up to ``ACK_WAIT`` for company while
+other jobs run (a SQLite commit costs ~150 µs whatever it holds). Nothing is dropped while the
 store is unreachable: it all stays here and counts as pending (a drain waits for it, up to its
 write patience). Owned by the supervisor's main thread.
 """
@@ -84,8 +80,7 @@ class Outbox:
         self.counters = counters
         self.health = health
         self.todo = Results()
-        self.writing: Results | None = None  # the batch in flight alone (write_results)
-        self.riding: Results | None = None  # the batch in flight with a claim (write_and_claim)
+        self.writing: Results | None = None  # the batch in flight
         self.acks_due = 0.0  # when the oldest unwritten ack must be written (monotonic)
         self.failed: dict[int, Claimed] = {}  # job id -> the claim, until its failure is written
         self.retries_due: dict[str, list[float]] = {}  # pool -> heap of monotonic instants
@@ -118,7 +113,7 @@ class Outbox:
 
     @property
     def pending(self) -> int:
-        return len(self.todo) + sum(len(b) for b in (self.writing, self.riding) if b is not None)
+        return len(self.todo) + (len(self.writing) if self.writing is not None else 0)
 
     # ---- writing -----------------------------------------------------------------------
 
@@ -138,39 +133,15 @@ class Outbox:
             or not running
         ):
             return
-        self.writing = self._send()
-        self.link.submit("write_results", self.writing, on_reply=self.written)
-
-    def take(self, now: float) -> Results | None:
-        """What waits, to be written first in the request of a claim sent now
-        (``write_and_claim``: the trip is paid anyway, so acks wait for no company); None
-        when such a batch is in flight already, the store is backing off, or nothing waits.
-        The caller hands the reply's part to ``rode``."""
-        if self.riding is not None or now < self.health.retry_at or not self.todo:
-            return None
-        self.riding = self._send()
-        return self.riding
-
-    def _send(self) -> Results:
-        batch, self.todo = self.todo, Results()
+        self.writing, self.todo = todo, Results()
         # sent: a claim sent after this runs after it. A batch that fails comes back to todo
         # uncounted; until it is written, the fair order counts those jobs as running
         self.finishing.clear()
-        return batch
+        self.link.submit("write_results", todo, on_reply=self._written)
 
-    def written(self, reply: Reply) -> None:
-        """The reply of the batch written alone: what took, what was refused, what is left."""
+    def _written(self, reply: Reply) -> None:
         batch, self.writing = self.writing, None
         assert batch is not None
-        self._record(batch, reply)
-
-    def rode(self, reply: Reply) -> None:
-        """The results' part of a ``write_and_claim`` reply (as ``written``)."""
-        batch, self.riding = self.riding, None
-        assert batch is not None
-        self._record(batch, reply)
-
-    def _record(self, batch: Results, reply: Reply) -> None:
         now = self.monotonic()
         if reply.error is not None:  # the call itself failed
             self.todo.extend_front(batch)  # kept for the emergency stop, or the retry

@@ -4,10 +4,10 @@ verbs, and a few made of several verbs so that one request does one step of the 
 They run in the store process (or inline, in tests); arguments and results cross a socket
 pickled. What crosses once per job is a plain tuple (``ClaimRow``, ``AckRow``): pickling a
 dataclass instance costs ~3 µs each way, a tuple ~0.1 µs, and at thousands of jobs a second
-that was a tenth of a job's CPU. What crosses once per request (``Results``, ``Written``,
-``WrittenClaim``) pickles as a call of its class with its fields (``__reduce__``): a slots
-dataclass's default sets its state field by field in Python, ~8 µs each way for ``Written``.
-Only store verbs are called here: the SQL stays in supervisor/store.
+that was a tenth of a job's CPU. What crosses once per request (``Results``, ``Written``)
+pickles as a call of its class with its fields (``__reduce__``): a slots dataclass's default
+sets its state field by field in Python, ~8 µs each way for ``Written``. Only store verbs are
+called here: the SQL stays in supervisor/store.
 """
 
 from __future__ import annotations
@@ -178,64 +178,6 @@ def _narrowed(
         items.pop(0)
 
 
-# ---- results and the next claim in one request ---------------------------------------------
-
-
-@dataclass(slots=True)
-class WrittenClaim:
-    """What ``write_and_claim`` did: the results' ``Written``, and the claim's rows, or the
-    error that stopped it (the claim is not tried when the results could not be written)."""
-
-    written: Written
-    rows: list[ClaimRow]
-    claim_error: StoreError | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:  # as a call with its fields (see the docstring)
-        return (WrittenClaim, (self.written, self.rows, self.claim_error))
-
-
-def write_and_claim(store: Any, todo: Results, **claim: Any) -> WrittenClaim:
-    """Write ``todo``, then claim (``claim_rows``): one request where there were two. Acks
-    alone before a claim without caps share the claim's transaction where the store can
-    (``Store.ack_and_claim``, SQLite); otherwise, or when an ack is refused (narrowed to its
-    row), the results are written as ``write_results`` writes them. A claim the shared call
-    did not make (a fair pool's tenants mixed) follows on its own."""
-    rows: list[ClaimRow] | None = None
-    if _shared(store, todo, claim):
-        acks = [ack_of(r) for r in todo.acks]
-        try:
-            lost, rows = store.ack_and_claim(acks, **_shareable(claim))
-            written = Written(lost_acks=lost)
-        except StoreUnavailable as exc:  # one transaction: nothing written, nothing claimed
-            return WrittenClaim(Written(unwritten=Results(list(todo.acks)), error=exc), [], exc)
-        except StoreError:  # refused, and rolled back: narrowed to its row below
-            written = write_results(store, todo)
-    else:
-        written = write_results(store, todo)
-    if written.error is not None:
-        return WrittenClaim(written, [], written.error)
-    if rows is not None:
-        return WrittenClaim(written, rows)
-    try:
-        return WrittenClaim(written, store.claim_rows(**claim))
-    except StoreError as exc:
-        return WrittenClaim(written, [], exc)
-
-
-def _shared(store: Any, todo: Results, claim: dict[str, Any]) -> bool:
-    """Whether ``todo`` and ``claim`` go as one ``ack_and_claim``: acks alone, a claim without
-    caps, a store that shares their transaction."""
-    only_acks = bool(todo.acks) and not todo.fails and not todo.releases
-    limits = claim.get("limits")
-    uncapped = (limits is None or not limits.capped) and not claim.get("finished")
-    return only_acks and uncapped and store.acks_share_claims
-
-
-def _shareable(claim: dict[str, Any]) -> dict[str, Any]:
-    """A claim's arguments, as ``ack_and_claim`` takes them (no results are waiting)."""
-    return {k: v for k, v in claim.items() if k != "finished"}
-
-
 # ---- reads and housekeeping ------------------------------------------------------------------
 
 
@@ -270,7 +212,6 @@ def scaler_read(store: Any, pools: list[str], window: float) -> tuple[Any, Any, 
 PROCEDURES = {
     "claim_rows_none": claim_rows_none,
     "write_results": write_results,
-    "write_and_claim": write_and_claim,
     "reap_described": reap_described,
     "observer_read": observer_read,
     "scaler_read": scaler_read,

@@ -82,9 +82,6 @@ log = logging.getLogger(__name__)
 
 class PostgresStore(SqlStore):
     dialect = "postgresql"
-    # the supervisor's acks and claims go as one autocommit statement each: a transaction
-    # around both (ackclaim.py) would add its BEGIN and COMMIT round trips
-    acks_share_claims = False
 
     def __init__(self, url: URL, clock: Clock | None = None, *, bounded: bool = False) -> None:
         engine = create_engine(

@@ -75,7 +75,6 @@ from supervisor.model import (
     RetryBudget,
 )
 from supervisor.store import driver, fair, migrations
-from supervisor.store.ackclaim import AckClaims, Partial
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
 from supervisor.store.controls import ControlTable
@@ -108,11 +107,15 @@ _OWNED_STMT = (
 )
 
 
+class _Partial(Exception):
+    """Inside the store only: a batched write did not take for every row; roll it back."""
+
+
 # A delivery whose cancel was requested ends cancelled, whatever ended it (controls.py)
 CANCEL_ASKED = jobs.c.cancel_requested_at.is_not(None)
 
 
-class SqlStore(AckClaims, CappedClaims, RatedClaims, ScheduleTable, ControlTable):
+class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
     """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
 
     dialect = "sql"
@@ -357,38 +360,20 @@ class SqlStore(AckClaims, CappedClaims, RatedClaims, ScheduleTable, ControlTable
         by_tenant = limits is not None and limits.fair
         if by_tenant and pool in self._mixed_pools:
             return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
-        with self._auto() as conn:
-            rows = self._claim_plain_in(conn, pool, kinds, n, node, lease, by_tenant, budget)
-        if rows is None:  # more than one tenant queued: the fair claim, in its own transaction
-            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
-        return rows
-
-    def _claim_plain_in(
-        self,
-        conn: Connection,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
-        by_tenant: bool,
-        budget: RetryBudget | None,
-    ) -> list[ClaimRow] | None:
-        """The plain claim on ``conn`` (guarded when the pool is fair and one tenant queued
-        is not known), its rows in claim order; None when the guard found more than one
-        tenant queued: the pool is remembered as mixed, and the fair claim is the caller's."""
         at_mono = self._monotonic()
         guarded = by_tenant and not fair.one_tenant_known(self._one_tenant_at.get(pool), at_mono)
         raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=guarded)
-        rows = driver.fetchall(conn, raw, params)
-        if guarded and not rows and self._mixed(conn, pool):
-            self._mixed_pools.add(pool)
-            return None
-        if budget is not None and rows:
-            at = rows[0][CLAIMED_AT]
-            self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+        with self._auto() as conn:
+            rows = driver.fetchall(conn, raw, params)
+            mixed = guarded and not rows and self._mixed(conn, pool)
+            if budget is not None and rows:
+                at = rows[0][CLAIMED_AT]
+                self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
         if guarded and rows:
             self._one_tenant_at[pool] = at_mono
+        if mixed:
+            self._mixed_pools.add(pool)
+            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
 
@@ -549,18 +534,8 @@ class SqlStore(AckClaims, CappedClaims, RatedClaims, ScheduleTable, ControlTable
         rolled back and redone knowing which leases are still ours."""
         if not acks:
             return []
-        params = self._ack_params(acks)
-        try:
-            with self._tx() as conn:
-                self._ack_every(conn, params)
-            self._finals_committed([p["b_id"] for p in params])
-            return []
-        except Partial:
-            return self._ack_owned(acks, params)
-
-    def _ack_params(self, acks: Sequence[Ack]) -> list[dict[str, Any]]:
         now = self._clock.now() if self._clock is not None else None
-        return [
+        params = [
             {
                 "b_id": a.lease.job_id,
                 "b_token": a.lease.token,
@@ -571,18 +546,17 @@ class SqlStore(AckClaims, CappedClaims, RatedClaims, ScheduleTable, ControlTable
             }
             for a in acks
         ]
-
-    def _ack_every(self, conn: Connection, params: list[dict[str, Any]]) -> None:
-        """Ack every row in ``conn``'s transaction, or raise ``Partial`` (roll it back: a
-        lease was no longer ours, and the batch must be redone by ``_ack_owned``)."""
-        changed = driver.executemany(conn, self._ack_raw, params)
-        if changed != len(params) or not conn.dialect.supports_sane_multi_rowcount:
-            raise Partial
-        self._finals_in_tx(conn, [p["b_id"] for p in params])
-
-    def _ack_owned(self, acks: Sequence[Ack], params: list[dict[str, Any]]) -> list[Lease]:
-        """Ack the rows still held under their lease, in one transaction that first reads
-        (and on PostgreSQL locks) which are; the others are returned, unchanged."""
+        ids = [a.lease.job_id for a in acks]
+        try:
+            with self._tx() as conn:
+                changed = driver.executemany(conn, self._ack_raw, params)
+                if changed != len(acks) or not conn.dialect.supports_sane_multi_rowcount:
+                    raise _Partial  # roll back, and redo it row by row below
+                self._finals_in_tx(conn, ids)
+            self._finals_committed(ids)
+            return []
+        except _Partial:
+            pass
         with self._tx() as conn:
             owned = self._owned(conn, [a.lease for a in acks])
             mine = [p for p, a in zip(params, acks, strict=True) if a.lease in owned]

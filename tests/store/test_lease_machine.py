@@ -1,6 +1,6 @@
 """A property test of the lease state machine: random sequences of enqueue, claim, extend,
-ack, acks with a claim (``ack_and_claim``), fail, release, reap and clock moves, on each
-engine, checked against a small model after every step.
+ack, fail, release, reap and clock moves, on each engine, checked against a small model after
+every step.
 
 Invariants: no job is lost; a job never has two valid leases (a lease is valid only while it is
 the latest one issued for a leased job); attempts never decrease except by exactly one on a
@@ -39,7 +39,6 @@ from sqlalchemy import delete
 from supervisor.clock import FakeClock
 from supervisor.model import Ack, ClaimLimits, ErrorKind, Failure, JobState, Lease, NewJob
 from supervisor.store.fair import GUARD_EVERY
-from supervisor.store.rows import as_claimed
 from supervisor.store.schema import jobs
 
 POOL, KINDS, LEASE = "p", {"k"}, 10.0
@@ -263,38 +262,6 @@ class LeaseMachine(RuleBasedStateMachine):
         for x in leases:
             if x not in lost:
                 self.model[x.job_id].state = JobState.DONE
-
-    @precondition(lambda self: self.issued)
-    @rule(data=st.data(), n=st.integers(0, 5))
-    def ack_and_claim(self, data: st.DataObject, n: int) -> None:
-        """Acks, and a plain claim in their transaction, as one call."""
-        leases = self.pick(data)
-        ready = sorted(
-            (-e.priority, e.available_at, jid)
-            for jid, e in self.model.items()
-            if e.state is JobState.QUEUED and e.available_at <= self.now()
-        )
-        acks = [Ack(x, json.dumps(x.token)) for x in leases]
-        lost, rows = self.store.ack_and_claim(
-            acks, pool=POOL, kinds=KINDS, n=n, node="n", lease=LEASE
-        )
-        assert lost == [x for x in leases if not self.valid(x)]
-        for x in leases:
-            if x not in lost:
-                self.model[x.job_id].state = JobState.DONE
-        if rows is None:  # not claimed (the caller claims after): no acks, n 0, or one lost
-            assert not leases or n == 0 or lost or len({x.job_id for x in leases}) < len(leases)
-            return
-        got = [as_claimed(r) for r in rows]
-        assert [c.job_id for c in got] == [jid for _, _, jid in ready[:n]]
-        for c in got:
-            e = self.model[c.job_id]
-            assert c.lease.token not in self.tokens, "a lease token was handed out twice"
-            self.tokens.add(c.lease.token)
-            e.state, e.attempts, e.token = JobState.LEASED, e.attempts + 1, c.lease.token
-            e.locked_until = self.now() + LEASE
-            assert c.attempt == e.attempts
-            self.issued.append(c.lease)
 
     @precondition(lambda self: self.issued)
     @rule(data=st.data(), permanent=st.booleans(), delay=st.sampled_from([0.0, 3.0]))
