@@ -32,6 +32,11 @@ def test_doctests_pass() -> None:
         ([Room(20, 44), Room(20, 44)], 64, 0, 110, 0),
         # ... until half of what they want is missing
         ([Room(40, 24), Room(40, 24)], 64, 0, 50, 158),
+        # a shallow pipeline (depth 5) still holds HELD_AT_LEAST (64) jobs: room plus 64 ahead
+        ([Room(5, 0), Room(5, 0)], 5, 0, 0, 74),
+        ([Room(2, 3), Room(2, 3)], 5, 0, 50, 0),  # 18 missing: fewer than half of 64
+        ([Room(3, 2), Room(3, 2)], 5, 0, 30, 40),  # 40 missing: one claim of 40
+        ([Room(1, 0), Room(0, 1)], 1, 0, 0, 1),  # one job at a time: no floor
     ],
 )
 def test_claim_size(rooms: list[Room], depth: int, prefetch: int, buffered: int, want: int) -> None:
