@@ -17,7 +17,6 @@ import math
 import os
 import pickle
 import select
-import signal
 import socket
 import time
 import traceback
@@ -26,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from supervisor.run.workerproc import WorkerHandle
+from supervisor.run.workerproc import WorkerHandle, reap_within
 from workers import exitcodes, forker, protocol
 from workers.handlers import Handler
 from workers.runtime import WorkerSpec
@@ -235,18 +234,4 @@ class ForkLink:
         if self.pid is None:
             return None
         pid, self.pid = self.pid, None
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return None
-            if done:
-                return status
-            if time.monotonic() >= deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    return os.waitpid(pid, 0)[1]
-                return None
-            time.sleep(0.005)
+        return reap_within(pid, timeout)

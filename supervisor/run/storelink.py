@@ -39,7 +39,7 @@ from typing import Any
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run import storecalls
-from supervisor.run.workerproc import fork_paired
+from supervisor.run.workerproc import fork_paired, reap_within
 
 log = logging.getLogger("fleetd.store")
 
@@ -218,17 +218,7 @@ class ProcessLink:
         self._disconnect()
         if pid is None:
             return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    self.pid = None
-                    return
-            time.sleep(0.01)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        reap_within(pid, timeout)
         self.pid = None
 
     # ---- calls ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import os
 import select
 import signal
 import socket
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -247,6 +248,27 @@ class WorkerHandle:
                 return
             except (ProcessLookupError, PermissionError):
                 continue
+
+
+def reap_within(pid: int, timeout: float) -> int | None:
+    """Reap our child ``pid``, waiting up to ``timeout`` seconds, then SIGKILL it and reap it.
+    Its wait status, or None if it was not our child (reaped already)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return status
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            try:
+                return os.waitpid(pid, 0)[1]
+            except ChildProcessError:
+                return None
+        time.sleep(0.005)
 
 
 def fork_paired(buffer: int | None = None) -> tuple[int, socket.socket, socket.socket]:
