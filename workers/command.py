@@ -244,6 +244,11 @@ def classify(
     return Outcome(error_kind=protocol.EXCEPTION, message=message, tail=tail)
 
 
+def runs_commands(handlers: Mapping[str, object]) -> bool:
+    """Whether any of a pool's handlers is a command (only those jobs make folders)."""
+    return any(isinstance(h, CommandHandler) for h in handlers.values())
+
+
 class CommandHandler:
     """The callable a command kind resolves to (``workers.handlers``). ``run`` returns an
     ``Outcome`` and never raises; calling it like a Python handler returns the result or

@@ -266,8 +266,9 @@ class _Worker:
         return min(caps) if caps else None
 
     def _make_scratch(self) -> None:
-        """This worker's directory for its command jobs' folders (``workers.scratch``)."""
-        if self.spec.scratch_root is None:
+        """This worker's directory for its command jobs' folders (``workers.scratch``); none
+        when it has no command handler."""
+        if self.spec.scratch_root is None or not command.runs_commands(self.spec.handlers):
             return
         try:
             identity = privileges.resolve(self.spec.user, self.spec.group)

@@ -115,5 +115,12 @@ def make_worker_dir(
 
 
 def remove(path: str) -> None:
-    """Remove a worker's directory and what is in it (a local temp directory: quick)."""
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a worker's directory and what is in it (a local temp directory: quick). An
+    empty one (the usual case: a job removes its own folder) takes one ``rmdir``, without
+    ``shutil.rmtree``'s walk."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)

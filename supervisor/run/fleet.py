@@ -571,10 +571,12 @@ class Fleet:
             self.counters.worker_boot_failures += 1
         self.dispatcher.on_exit(worker, status, now)
         self.pinger.forget(worker.pid)
-        if self.scratch_root is not None:
-            # its job folders, even one of a job it was killed in (local disk: quick)
+        if pool.scratch_root is not None and pool.runs_commands:
+            # its job folders, even one of a job it was killed in (local disk: quick); only
+            # command jobs make them (with max_jobs_per_worker = 1 an rmtree every worker
+            # was a fifth of the loop's samples, py-spy)
             scratch.remove(
-                scratch.worker_dir(self.scratch_root, pool.name, worker.slot, worker.pid)
+                scratch.worker_dir(pool.scratch_root, pool.name, worker.slot, worker.pid)
             )
         pool.worker_gone(worker, booted, now)
         self.set_title()

@@ -22,6 +22,7 @@ from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
 from supervisor.rates import RateLimit
 from supervisor.run.workerproc import WorkerHandle, WorkerState
 from workers import tree
+from workers.command import runs_commands
 from workers.runtime import WorkerSpec
 
 # a pool whose workers retire after at most this many jobs keeps one booted spare worker (when
@@ -71,6 +72,12 @@ class Pool:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @cached_property
+    def runs_commands(self) -> bool:
+        """Whether a kind of this pool is an external program (``workers.command``): only
+        those jobs get folders, so only such a pool's workers make a directory for them."""
+        return runs_commands(self.handlers)
 
     @property
     def kinds(self) -> set[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.errors import ConfigError
-from workers import protocol, scratch, tree
+from workers import command, protocol, scratch, tree
 from workers.command import (
     RESULT_TEXT,
     CommandHandler,
@@ -348,6 +348,22 @@ def test_make_root_removes_the_dirs_of_gone_supervisors(tmp_path: Path) -> None:
     assert removed == [str(tmp_path / f"fleetd-{gone}")]
     assert not (tmp_path / f"fleetd-{gone}").exists()
     assert (tmp_path / f"fleetd-{os.getppid()}").exists()
+
+
+def test_remove_takes_an_empty_dir_a_full_one_and_a_missing_one(tmp_path: Path) -> None:
+    empty, full = tmp_path / "pool-1-5", tmp_path / "pool-2-6"
+    empty.mkdir()
+    (full / "fleetd-job-x").mkdir(parents=True)
+    (full / "fleetd-job-x" / "left").write_text("x")
+    for path in (empty, full, tmp_path / "never-made"):
+        scratch.remove(str(path))
+        assert not path.exists()
+
+
+def test_only_a_pool_with_a_command_makes_job_folders() -> None:
+    assert command.runs_commands({"a": print, "b": CommandHandler(SPEC)})
+    assert not command.runs_commands({"a": print})
+    assert not command.runs_commands({})
 
 
 # ---- end_job_tree: its default follows the pool's kinds ----
