@@ -163,3 +163,107 @@ def test_disabled_by_config(tmp_path: Path) -> None:
     assert (found.mechanism, m.version) == ("none", "none")
     assert "memory_cgroup = false" in found.reason
     assert not list(tmp_path.iterdir())
+
+
+class FakeTree(MemoryCgroups):
+    """On a plain folder, mkdir makes no ``cgroup.procs``: make it, as the kernel does."""
+
+    def _make_limited(self, path: Path, limit: int) -> None:
+        super()._make_limited(path, limit)
+        (path / "cgroup.procs").touch()
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> MemoryCgroups:
+    m = FakeTree(pid=4242, detect=lambda: MemoryCgroup("v1", tmp_path, "fake"))
+    m.start()
+    return m
+
+
+def prepared_worker(memcg: MemoryCgroups, pid: int, usage: int = MIB, oom_count: int = 0) -> Path:
+    """A worker forked into a prepared cgroup (as ``Fleet.fork`` does), then reaped cleanly
+    with ``usage`` bytes still charged to its cgroup; the cgroup's path."""
+    prepared = memcg.prepare("p", 1, 256 * MIB)
+    assert prepared is not None
+    w = worker(pid)
+    memcg.adopt(w, prepared)
+    path = memcg.path_of(pid)
+    assert path is not None
+    (path / "cgroup.procs").write_text("")
+    oom(path, oom_count)
+    (path / "memory.usage_in_bytes").write_text(str(usage))
+    (path / "memory.max_usage_in_bytes").write_text(str(300 * MIB))
+    memcg.worker_exited(w, 0, now=1.0)
+    return path
+
+
+def test_an_emptied_cgroup_is_handed_to_the_next_worker_with_its_counters_as_baseline(
+    fake: MemoryCgroups,
+) -> None:
+    memcg = fake
+    # its earlier worker's job had a subprocess OOM-killed: that count is not the next one's
+    first = prepared_worker(memcg, 1001, oom_count=2)
+    assert first.name == "p-1-1001" and first.is_dir()
+    assert (first / "memory.max_usage_in_bytes").read_text() == "0"  # the peak starts anew
+    prepared = memcg.prepare("p", 1, 256 * MIB)
+    assert prepared is not None and prepared.path == first and prepared.oom_seen == 2
+    w = worker(1002)
+    memcg.adopt(w, prepared)
+    assert memcg.path_of(1002) == first.with_name("p-1-1002") and not first.exists()
+    assert not memcg.failed_by_oom(w, now=2.0)  # count still 2: no new kill
+    oom(first.with_name("p-1-1002"), 3)
+    assert memcg.failed_by_oom(w, now=2.0)  # a kill of its own
+
+
+@pytest.mark.parametrize(
+    ("usage", "procs", "limit", "reused"),
+    [
+        (MIB, "", 256 * MIB, True),
+        (64 * MIB, "", 256 * MIB, False),  # files a job left in /dev/shm are charged to it
+        (MIB, "4321\n", 256 * MIB, False),  # a job's process still in it: swept, removed
+        (MIB, "", 512 * MIB, False),  # another pool's limit: a cgroup of its own
+    ],
+)
+def test_what_is_not_handed_on(
+    fake: MemoryCgroups, usage: int, procs: str, limit: int, reused: bool
+) -> None:
+    memcg = fake
+    prepared = memcg.prepare("p", 1, 256 * MIB)
+    assert prepared is not None
+    w = worker(1001)
+    memcg.adopt(w, prepared)
+    path = memcg.path_of(1001)
+    assert path is not None
+    (path / "cgroup.procs").write_text(procs)
+    oom(path, 0)
+    (path / "memory.usage_in_bytes").write_text(str(usage))
+    memcg.worker_exited(w, 0, now=1.0)
+    again = memcg.prepare("p", 1, limit)
+    assert again is not None
+    assert (again.path == path) is reused
+    # taken, or never kept; one of another limit waits for a worker of its own pool
+    assert [cg.path for cg in memcg.reusable] == ([path] if limit != 256 * MIB else [])
+
+
+def test_at_most_reuse_at_most_kept_and_all_removed_at_close(fake: MemoryCgroups) -> None:
+    memcg = fake
+    from supervisor.run.memcg import REUSE_AT_MOST
+
+    prepared = [memcg.prepare("p", 1, 256 * MIB) for _ in range(REUSE_AT_MOST + 2)]
+    handles = [worker(2000 + i) for i in range(len(prepared))]
+    for w, p in zip(handles, prepared, strict=True):
+        assert p is not None
+        memcg.adopt(w, p)
+    for w in handles:
+        path = memcg.path_of(w.pid)
+        assert path is not None
+        (path / "cgroup.procs").write_text("")
+        oom(path, 0)
+        (path / "memory.usage_in_bytes").write_text(str(MIB))
+        memcg.worker_exited(w, 0, now=1.0)
+    assert len(memcg.reusable) == REUSE_AT_MOST
+    assert len(memcg.pending) == 2  # the rest are removed (here: rmdir of a fake tree fails)
+    kept = [cg.path for cg in memcg.reusable]
+    memcg.close()
+    assert memcg.reusable == []
+    assert all(path in memcg.pending for path in kept)  # the fake tree's files stop rmdir
