@@ -35,3 +35,12 @@ def import_handlers(config: FleetConfig) -> dict[str, dict[str, Callable[[Any], 
         except HandlerImportError as exc:
             raise HandlerError(f"{config.path}: pools.{name}: {exc}") from exc
     return loaded
+
+
+def handler_refs(config: FleetConfig) -> dict[str, dict[str, str]]:
+    """pool name -> kind -> ``"module:function"``, for every kind that names a function (the
+    names the forker imports them by: supervisor.run.forklink)."""
+    return {
+        name: {kind: spec for kind, spec in pool.handlers.items() if isinstance(spec, str)}
+        for name, pool in config.pools.items()
+    }

@@ -3,14 +3,14 @@ run the fleet.
 
 Everything that can be wrong with the config or the handlers is found here, before a single
 worker is forked, and reported in one line with exit status 2. The forker (workers/forker.py)
-is forked right after the handlers are imported and before the store and the loop are: what
-it holds is what a worker needs, and a fork of it copies that much and no more.
+is a fresh interpreter that imports the handlers itself while the store opens; the fleet
+forks no worker before it says it is ready.
 """
 
 from __future__ import annotations
 
 from supervisor.config import load_config
-from supervisor.imports import import_handlers
+from supervisor.imports import handler_refs, import_handlers
 from supervisor.observe.logs import setup_logging
 from supervisor.run.forklink import start_forker
 
@@ -19,7 +19,7 @@ def run(config_path: str, *, node_id: str | None = None) -> int:
     config = load_config(config_path)
     setup_logging(config.log_format)
     handlers = import_handlers(config)
-    forker = start_forker(handlers)
+    forker = start_forker(handlers, handler_refs(config))
     try:
         # imported only now: the forker needs none of it (the database driver, the view)
         from supervisor.run.fleet import Fleet

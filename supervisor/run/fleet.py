@@ -45,6 +45,7 @@ from supervisor import host
 from supervisor.clock import Clock, SystemClock
 from supervisor.config_fleet import FleetConfig
 from supervisor.errors import FleetdError
+from supervisor.imports import handler_refs
 from supervisor.observe.observer import Observer
 from supervisor.observe.server import MetricsServer
 from supervisor.policy import KillKind, KillReason
@@ -53,7 +54,7 @@ from supervisor.run.controls import Controls
 from supervisor.run.counters import Counters
 from supervisor.run.dispatch import Dispatcher
 from supervisor.run.drain import Drain, DrainPhase
-from supervisor.run.forklink import ForkerGone, ForkFailed, ForkLink, start_forker
+from supervisor.run.forklink import BOOT_LIMIT, ForkerGone, ForkFailed, ForkLink, start_forker
 from supervisor.run.housekeeping import Housekeeping
 from supervisor.run.loop import Loop
 from supervisor.run.memcg import MemoryCgroups
@@ -196,7 +197,7 @@ class Fleet:
         # the pauses before the first claim: the link's first read may fail or come late
         self.controls.start(self.store.pauses())
         if self.forker is None:
-            self.forker = start_forker(self.handlers, self.child_cleanup)
+            self.forker = start_forker(self.handlers, handler_refs(self.config))
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
         self.watch_forker()
         # a daemon whose worker was killed comes to us, not init: end_strays kills it
@@ -303,7 +304,7 @@ class Fleet:
                 # a rate-held pool claims when its next token is due (Pool.rate_gate)
                 due.append(max(pool.next_poll_at, pool.rate_gate(), d.store_retry_at))
             if pool.live() < pool.wanted():
-                due.append(max(pool.next_spawn_at, self.forker_due))
+                due.append(max(pool.next_spawn_at, self.forker_due_at()))
         if self.drain.phase == DrainPhase.FINISHING:
             due.append(self.drain.deadline)
         if self.waker is None and self.store.dialect == "sqlite":
@@ -371,20 +372,33 @@ class Fleet:
             self.loop.watch(fd, self.on_forker)
 
     def forker_ready(self, now: float) -> bool:
-        """A forker to ask: the one running, or a new one once a dead one's pause is over."""
+        """A forker to ask: the one running once it has imported the handlers, or a new one
+        once a dead one's pause is over (asked from the next pass on, when it is ready)."""
         if self.forker is not None:
-            return True
+            if not self.forker.ready and now >= self.forker.started_at + BOOT_LIMIT:
+                self.forker_gone(now, f"it did not import the handlers in {BOOT_LIMIT:g}s")
+                return False
+            return self.forker.ready
         if now < self.forker_due:
             return False
         try:
-            self.forker = start_forker(self.handlers, self.child_cleanup)
+            self.forker = start_forker(self.handlers, handler_refs(self.config))
         except OSError as exc:  # EAGAIN, ENOMEM, EMFILE: no pool forks until the next try
             self.forker_due = now + FORKER_PAUSE
             log.error("could not start a forker (%s); next try in %gs", exc, FORKER_PAUSE)
             return False
         self.watch_forker()
         log.info("forker started again (pid %d)", self.forker.pid)
-        return True
+        return False
+
+    def forker_due_at(self) -> float:
+        """When a fork can next be asked for: a new forker's start, or the bound on a booting
+        one's imports (its ``ready`` wakes the loop through its socket before that)."""
+        if self.forker is None:
+            return self.forker_due
+        if not self.forker.ready:
+            return self.forker.started_at + BOOT_LIMIT
+        return 0.0
 
     def on_forker(self) -> None:
         """Workers that ended, as the forker relays them; its end closed: it is gone."""
@@ -398,7 +412,7 @@ class Fleet:
         if forker.gone:
             if fd is not None:
                 self.loop.unwatch(fd)
-            self.forker_gone(now, "it closed its end")
+            self.forker_gone(now, forker.broken or "it closed its end")
 
     def forker_gone(self, now: float, why: str) -> None:
         """The forker died or broke: its workers die with it (PR_SET_PDEATHSIG), come to us

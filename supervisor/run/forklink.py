@@ -1,6 +1,8 @@
 """``ForkLink``: the supervisor's end of its forker (workers/forker.py says why there is one).
 
-``start_forker`` forks the forker; ``ForkLink.fork_worker`` asks it for a worker and returns
+``start_forker`` spawns the forker (a fresh interpreter that imports only the workers package
+and the handlers; it says ``ready`` once they are imported); ``ForkLink.fork_worker`` asks it
+for a worker and returns
 the same ``WorkerHandle`` an in-process fork did. The request is answered as soon as the
 forker's ``fork()`` returns (the child boots on its own meanwhile): the loop waits for that
 answer as it waited for its own ``fork()`` before, up to ``REPLY_LIMIT``; a forker that does not
@@ -17,20 +19,30 @@ import math
 import os
 import pickle
 import select
+import signal
 import socket
+import subprocess
+import sys
 import time
-import traceback
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import workers
 from supervisor.run.workerproc import WorkerHandle, reap_within
-from workers import exitcodes, forker, protocol
-from workers.handlers import Handler
+from workers import protocol
+from workers.errors import HandlerImportError
+from workers.forker import HandlerTable
+from workers.handlers import Handler, resolve
 from workers.runtime import WorkerSpec
 
 REPLY_LIMIT = 2.0  # seconds a fork request may take; a fork is ~1 ms
+# seconds a new forker may take to import the handlers before it counts as hung (the
+# supervisor imported the same modules already; a heavy one, a model, takes seconds)
+BOOT_LIMIT = 60.0
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(workers.__file__)))
+_BOOT = f"import sys; sys.path[:0] = [{_ROOT!r}]; from workers.forker import main; main()"
 _RECORD = 4096  # the forker's records are a pickled tuple of a few ints or a short message
 
 
@@ -45,33 +57,93 @@ class ForkerGone(Exception):
 
 def start_forker(
     handlers: Mapping[str, Mapping[str, Handler]],
-    child_cleanup: Callable[[], None] | None = None,
+    refs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ForkLink:
-    """Fork the forker from this process (``handlers``: pool -> kind -> handler, imported
-    already; they are what its workers run). ``child_cleanup`` runs first in it and closes
-    what it must not keep."""
+    """Spawn the forker (``handlers``: pool -> kind -> handler, imported here already; they
+    are what its workers run). It imports each by a name that gives this very object: the
+    ``"module:attr"`` of ``refs`` (the config's), else its ``module:qualname``; one with no
+    such name (a command handler) is pickled. Raises ``ValueError`` for a handler that has
+    neither, ``OSError`` if the process cannot be started."""
+    hello = pickle.dumps(("hello", list(sys.path), handler_table(handlers, refs)))
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    parent = os.getpid()
     try:
-        pid = forker.fork_blocked()
-    except OSError:
+        child_end.set_inheritable(True)  # the one descriptor it keeps across the exec
+        argv = [
+            sys.executable,
+            *subprocess._args_from_interpreter_flags(),  # -X, -W, -O as this process runs
+            "-c",
+            _BOOT,
+            str(child_end.fileno()),
+            str(os.getpid()),
+        ]
+        # every signal blocked until it has set its dispositions (a Ctrl-C at the terminal
+        # reaches it too; the supervisor coordinates every stop)
+        pid = os.posix_spawn(sys.executable, argv, os.environ, setsigmask=_ALL_SIGNALS)
+    except BaseException:
         parent_end.close()
-        child_end.close()
         raise
-    if pid == 0:
-        code = exitcodes.INTERNAL_ERROR
-        try:
-            parent_end.close()
-            if child_cleanup is not None:
-                child_cleanup()
-            code = forker.serve(child_end, handlers, parent)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    child_end.close()
+    finally:
+        child_end.close()
+    link = ForkLink(pid, parent_end)
+    try:
+        parent_end.sendall(hello)  # blocking: a large one waits for the forker to read it
+    except OSError as exc:
+        link.close_socket()
+        link.wait(1.0)
+        raise OSError(exc.errno, f"the forker did not take its hello: {exc}") from exc
     parent_end.setblocking(False)
-    return ForkLink(pid, parent_end)
+    return link
+
+
+_ALL_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+
+
+def handler_table(
+    handlers: Mapping[str, Mapping[str, Handler]],
+    refs: Mapping[str, Mapping[str, str]] | None = None,
+) -> HandlerTable:
+    """How the forker gets each handler (workers/forker.py): by a name that resolves to this
+    very object, else the object itself, pickled (checked here: ``ValueError``)."""
+    table: dict[str, dict[str, tuple[str, Any]]] = {}
+    for pool, kinds in handlers.items():
+        table[pool] = {}
+        for kind, handler in kinds.items():
+            names = [(refs or {}).get(pool, {}).get(kind), _qualified_name(handler)]
+            name = next((n for n in names if n is not None and _names(n, handler)), None)
+            if name is not None:
+                table[pool][kind] = ("import", name)
+                continue
+            if getattr(handler, "__module__", None) == "__main__":
+                raise ValueError(
+                    f"pools.{pool}: handler {kind!r} is defined in __main__, which the forker "
+                    "cannot import: define it in a module"
+                )
+            try:
+                pickle.dumps(handler)
+            except Exception as exc:
+                raise ValueError(
+                    f"pools.{pool}: handler {kind!r} ({handler!r}) can be neither imported by "
+                    f"name nor pickled for the forker: {exc}"
+                ) from exc
+            table[pool][kind] = ("object", handler)
+    return table
+
+
+def _qualified_name(handler: Handler) -> str | None:
+    module, qualname = getattr(handler, "__module__", None), getattr(handler, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    if module == "__main__":  # the forker's __main__ is its own
+        return None
+    return f"{module}:{qualname}"
+
+
+def _names(name: str, handler: Handler) -> bool:
+    """Whether importing ``name`` gives ``handler`` itself (its module is imported already)."""
+    try:
+        return resolve(name) is handler
+    except HandlerImportError:
+        return False
 
 
 class ForkLink:
@@ -81,6 +153,8 @@ class ForkLink:
         self.exits: list[tuple[int, int]] = []  # relayed, not taken yet: (pid, wait status)
         self.unsent: deque[bytes] = deque()  # "reaped" records the socket did not take yet
         self.started_at = time.monotonic()
+        self.ready = False  # it said it imported the handlers; forks are asked for only then
+        self.broken: str | None = None  # why it could not, as it said
 
     def fileno(self) -> int | None:
         return self.sock.fileno() if self.sock is not None else None
@@ -92,7 +166,9 @@ class ForkLink:
         ``cgroup_fd``: the ``cgroup.procs`` fd it joins first (the caller keeps and closes
         its own copy). Raises ``ForkFailed`` or ``ForkerGone``."""
         if self.sock is None:
-            raise ForkerGone("the forker is gone")
+            raise ForkerGone(self.broken or "the forker is gone")
+        if not self.ready:
+            self.await_ready(BOOT_LIMIT)
         try:  # out of descriptors (EMFILE) or memory: this fork fails, the loop goes on
             cancel_slot, cancel_fd = protocol.CancelSlot.shared()
         except OSError as exc:
@@ -138,6 +214,23 @@ class ForkLink:
             slots=spec.slots,
         )
 
+    def await_ready(self, timeout: float) -> None:
+        """Block until the forker has imported the handlers; ``ForkerGone`` if it could not,
+        died, or took longer than ``timeout``. (The fleet does not block: it forks only once
+        ``ready`` is set, by ``take_exits`` reading the forker's ``ready``.)"""
+        assert self.sock is not None
+        deadline = time.monotonic() + timeout
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        while not self.ready:
+            self._read()
+            left = deadline - time.monotonic()
+            if self.ready:
+                return
+            if left <= 0:
+                raise ForkerGone(f"the forker did not import the handlers in {timeout:g}s")
+            poller.poll(math.ceil(left * 1000))
+
     def _reply(self) -> tuple[Any, ...]:
         """The answer to the request just sent; exits read meanwhile are kept."""
         assert self.sock is not None
@@ -172,6 +265,11 @@ class ForkLink:
             record = pickle.loads(data)
             if record[0] == "exit":
                 self.exits.append((record[1], record[2]))
+            elif record[0] == "ready":
+                self.ready = True
+            elif record[0] == "broken":
+                self.broken = str(record[1])
+                raise ForkerGone(self.broken)
             else:
                 replies.append(record)
 

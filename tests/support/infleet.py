@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import load_config
-from supervisor.imports import import_handlers
+from supervisor.imports import handler_refs, import_handlers
 from supervisor.run.fleet import Fleet
 from supervisor.run.forklink import ForkLink, start_forker
 from supervisor.run.pool import Pool
@@ -97,9 +97,9 @@ def inline_forks(fleet: Fleet) -> Fleet:
 
 
 def real_forker(fleet: Fleet) -> Fleet:
-    """``fleet`` with a real forker (workers/forker.py), forked from this process: its
+    """``fleet`` with a real forker (workers/forker.py), started from this process: its
     workers are the forker's children, their exits relayed as in ``fleetd start``."""
-    fleet.forker = start_forker(fleet.handlers, fleet.child_cleanup)
+    fleet.forker = start_forker(fleet.handlers, handler_refs(fleet.config))
     fleet.watch_forker()
     return fleet
 
