@@ -160,12 +160,16 @@ def main() -> None:
 
 
 def load_table(table: HandlerTable) -> dict[str, dict[str, Handler]]:
-    """The handlers the hello names: pool -> kind -> handler. Raises ``HandlerImportError``."""
+    """The handlers the hello names: pool -> kind -> handler. Raises ``ImportError`` naming
+    the pool, the kind, the spec and the cause."""
     out: dict[str, dict[str, Handler]] = {}
     for pool, kinds in table.items():
         out[pool] = {}
         for kind, (how, what) in kinds.items():
-            out[pool][kind] = resolve(what) if how == "import" else what
+            try:
+                out[pool][kind] = resolve(what) if how == "import" else what
+            except HandlerImportError as exc:  # named as the supervisor names its own
+                raise ImportError(f"pools.{pool}: {exc.with_kind(kind)}") from exc
     return out
 
 
@@ -182,7 +186,7 @@ def _hello(sock: socket.socket) -> dict[str, dict[str, Handler]] | None:
         sys.path[:] = path
         handlers = load_table(table)
     except (Exception, SystemExit) as exc:  # an import that raised, or a bad hello
-        why = str(exc) if isinstance(exc, HandlerImportError) else one_line(exc)
+        why = str(exc) if isinstance(exc, ImportError) else one_line(exc)
         with contextlib.suppress(OSError):
             sock.send(pickle.dumps(("broken", f"the forker could not import the handlers: {why}")))
         return None

@@ -10,23 +10,31 @@ forks no worker before it says it is ready.
 from __future__ import annotations
 
 from supervisor.config import load_config
+from supervisor.errors import HandlerError
 from supervisor.imports import handler_refs, import_handlers
 from supervisor.observe.logs import setup_logging
-from supervisor.run.forklink import start_forker
+from supervisor.run.forklink import BOOT_LIMIT, ForkerGone, start_forker
 
 
 def run(config_path: str, *, node_id: str | None = None) -> int:
     config = load_config(config_path)
     setup_logging(config.log_format)
     handlers = import_handlers(config)
-    forker = start_forker(handlers, handler_refs(config))
     try:
-        # imported only now: the forker needs none of it (the database driver, the view)
+        forker = start_forker(handlers, handler_refs(config))
+    except ValueError as exc:  # a handler the forker can neither import nor unpickle
+        raise HandlerError(f"{config.path}: {exc}") from None
+    try:
+        # imported only now: a config or handler error is reported before the driver loads
         from supervisor.run.fleet import Fleet
         from supervisor.store import open_store
 
         store = open_store(config.database)
         try:
+            try:  # the handlers' imports, in the forker: meanwhile the store opened
+                forker.await_ready(BOOT_LIMIT)
+            except ForkerGone as exc:
+                raise HandlerError(f"{config.path}: {exc}") from None
             return Fleet(config, store, handlers, node_id=node_id, forker=forker).run()
         finally:
             store.close()

@@ -104,3 +104,61 @@ def test_the_benchmarks_find_a_supervisors_workers_under_its_forker(fleet: Harne
     sup.wait_workers(fleet.store, "bench", 2)
     idle = bench_slots._wait_idle(psutil.Process(sup.pid), 2, timeout=10)
     assert sorted(idle) == sorted(p.pid for p in sup.worker_processes())
+
+
+FORKER_HANDLERS = "tests.support.forker_handlers:"
+
+
+def test_the_forker_is_a_fresh_interpreter_and_workers_hold_no_supervisor_code(
+    fleet: Harness,
+) -> None:
+    fleet.configure({"p": {"handlers": {"modules": FORKER_HANDLERS + "modules"}}})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "p", 1)
+    (forker,) = sup.forker_pids()
+
+    # spawned, not a fork of the supervisor: none of its libraries mapped
+    def maps_sqlalchemy(pid: int) -> bool:
+        return any("sqlalchemy" in m.path for m in psutil.Process(pid).memory_maps())
+
+    assert maps_sqlalchemy(sup.pid) and not maps_sqlalchemy(forker)
+    (job,) = fleet.wait_final([fleet.enqueue("modules")], watch=[sup])
+    assert job.state == JobState.DONE, job
+    assert job.result == {"supervisor": [], "heavy": []}, job.result
+    # the supervisor holds them all; the forker and so every worker copies none of it
+    assert psutil.Process(forker).memory_info().rss < psutil.Process(sup.pid).memory_info().rss
+
+
+def test_handlers_the_forker_cannot_import_stop_the_start_in_one_line(
+    fleet: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETD_TEST_FORKER_IMPORT_FAILS", "1")
+    fleet.configure({"p": {"handlers": {"modules": FORKER_HANDLERS + "modules"}}})
+    sup = fleet.start(wait=False)
+    assert sup.wait_exit(20) == 2
+    lines = [line for line in sup.log().splitlines() if "could not import" in line]
+    assert len(lines) == 1, sup.log()
+    assert "refuses to load outside the supervisor" in lines[0]
+    assert sup.forks() == 0
+
+
+def test_a_forker_started_again_may_take_its_time_to_import(
+    fleet: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 3 s of imports: longer than a fork request may take (forklink.REPLY_LIMIT); the fleet
+    # asks the new forker for workers only once it says it is ready
+    monkeypatch.setenv("FLEETD_TEST_SLOW_IMPORT", "3")
+    fleet.configure(
+        {"p": {"handlers": {"modules": FORKER_HANDLERS + "modules"}, "max_deliveries": 1}}
+    )
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "p", 1)
+    (forker,) = sup.forker_pids()
+    os.kill(forker, signal.SIGKILL)
+    eventually(lambda: sup.forker_pids() - {forker}, timeout=10)
+    (job,) = fleet.wait_final([fleet.enqueue("modules")], timeout=30, watch=[sup])
+    assert job.state == JobState.DONE, job
+    log = sup.log()
+    assert "forker started again" in log
+    assert "did not answer" not in log and "did not import" not in log, log
+    assert log.count("the forker stopped") == 1, log

@@ -1,0 +1,28 @@
+"""Handlers for the forker's boot tests (tests/integration/test_forker.py). Kept apart from
+tests/support/handlers.py: what this module imports is what a worker that runs it holds."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+# a pool whose handlers take a while to import (a model, a big library): the forker's boot
+# then outlasts a fork request's reply limit
+if os.environ.get("FLEETD_TEST_SLOW_IMPORT"):
+    time.sleep(float(os.environ["FLEETD_TEST_SLOW_IMPORT"]))
+
+# only outside the supervisor (in the forker): an import that works in one process and not
+# in another (a missing environment variable, a path relative to the working folder)
+if os.environ.get("FLEETD_TEST_FORKER_IMPORT_FAILS") and "supervisor.config" not in sys.modules:
+    raise RuntimeError("refuses to load outside the supervisor")
+
+
+def modules(payload: dict) -> dict:
+    """Which of the supervisor's heavy imports this worker holds."""
+    return {
+        "supervisor": sorted(m for m in sys.modules if m.split(".")[0] == "supervisor"),
+        "heavy": sorted(
+            m for m in ("sqlalchemy", "rich", "pydantic", "click", "psycopg") if m in sys.modules
+        ),
+    }
