@@ -5,7 +5,6 @@ The plan is a plain dict (``--json`` prints it as is); ``render_plan`` makes it 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import shutil
@@ -18,13 +17,13 @@ from supervisor.clock import SystemClock
 from supervisor.config import load_config
 from supervisor.config_fleet import FleetConfig
 from supervisor.errors import FleetdError
-from supervisor.imports import import_handlers
+from supervisor.imports import handler_refs, import_handlers
 from supervisor.model import iso
 from supervisor.policy import KillKind, KillReason, PoolSizing, ceilings
 from supervisor.run import memcg, watchdog
 from supervisor.run.exits import describe_status
+from supervisor.run.forklink import BOOT_LIMIT, ForkerGone, ForkFailed, ForkLink, start_forker
 from supervisor.run.pool import Pool
-from supervisor.run.workerproc import fork_worker
 from supervisor.schedules import describe
 from supervisor.store import display_url, open_store
 from supervisor.units import format_duration, format_rate, format_size
@@ -40,7 +39,7 @@ def plan_for(config_path: str) -> dict[str, Any]:
     cgroup = _cgroup_plan(config)
     cores, memory = host.usable_cores(), host.total_memory()
     budget = config.memory_budget.bytes_of(memory)
-    at_rest = {name: measure_at_rest(config, name, handlers[name]) for name in config.pools}
+    at_rest = measure_all_at_rest(config, handlers)
     shared = {name: m["shared"] for name, m in at_rest.items() if m.get("shared") is not None}
     service = measured_service_times(config)
     sizing = _sizing_plan(config, cores, budget, shared, service)
@@ -81,34 +80,58 @@ def _schedule_plan(config: FleetConfig, now: float) -> dict[str, dict[str, Any]]
     }
 
 
-def measure_at_rest(config: FleetConfig, name: str, handlers: Any) -> dict[str, Any]:
-    """Fork one worker of the pool as ``fleetd start`` would, wait for its Ready, read its
-    private and shared memory as the kernel counts them (``workers.tree.memory_split``),
-    and stop it. A worker that cannot start here (a ``user`` without root) is reported."""
+def measure_all_at_rest(
+    config: FleetConfig, handlers: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """One worker of each pool at rest, forked as ``fleetd start`` forks them: by a forker
+    (workers/forker.py) started for this, so the shared pages measured are the ones a real
+    worker shares. The forker is stopped afterwards, taking any worker left with it."""
+    try:
+        link = start_forker(handlers, handler_refs(config))
+    except (OSError, ValueError) as exc:
+        return {name: _unmeasured(f"no forker: {exc}") for name in config.pools}
+    try:
+        try:
+            link.await_ready(BOOT_LIMIT)
+        except ForkerGone as exc:
+            return {name: _unmeasured(str(exc)) for name in config.pools}
+        return {name: measure_at_rest(config, name, handlers[name], link) for name in config.pools}
+    finally:
+        link.close(1.0)
+
+
+def _unmeasured(error: str) -> dict[str, Any]:
+    return {"private": None, "shared": None, "error": error}
+
+
+def measure_at_rest(
+    config: FleetConfig, name: str, handlers: Any, link: ForkLink
+) -> dict[str, Any]:
+    """Have ``link``'s forker fork one worker of the pool as ``fleetd start`` would, wait for
+    its Ready, read its private and shared memory as the kernel counts them
+    (``workers.tree.memory_split``), and stop it. A worker that cannot start here (a ``user``
+    without root) is reported."""
     pool = Pool(config.pools[name], handlers, os.getpid())
-    worker = fork_worker(pool.spec(), now=0.0, child_cleanup=lambda: None)
-    reaped = False  # a reaped pid may be reused at once: never signal it
+    try:
+        worker = link.fork_worker(pool.spec(), now=0.0)
+    except (ForkFailed, ForkerGone) as exc:
+        return _unmeasured(f"the worker could not be forked: {exc}")
     try:
         ready, _, _ = select.select([worker.fd], [], [], READY_WITHIN)
         worker.sock.setblocking(True)
         msg = protocol.read_frame(worker.fd) if ready else None
         if not isinstance(msg, protocol.Ready):
-            status = _exit_status(worker.pid) if ready and msg is None else None
-            reaped = status is not None
-            error = not_ready_reason(bool(ready), msg, status)
-            return {"private": None, "shared": None, "error": error}
+            status = _exit_status(link, worker.pid) if ready and msg is None else None
+            return _unmeasured(not_ready_reason(bool(ready), msg, status))
         split = tree.memory_split(worker.pid)
         if split is None:
-            return {"private": None, "shared": None, "error": "no /proc/<pid>/smaps_rollup"}
-        protocol.write_frame(worker.fd, protocol.Shutdown())
+            return _unmeasured("no /proc/<pid>/smaps_rollup")
         return {"private": split[0], "shared": split[1], "error": None}
     except OSError as exc:
-        return {"private": None, "shared": None, "error": f"{exc}"}
+        return _unmeasured(f"{exc}")
     finally:
-        if not reaped:
-            worker.kill(KillReason(KillKind.RETIRE, "measured"), 0.0)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(worker.pid, 0)
+        # its pid stays the forker's zombie until the forker is stopped: safe to signal
+        worker.kill(KillReason(KillKind.RETIRE, "measured"), 0.0)
         worker.sock.close()
 
 
@@ -132,13 +155,16 @@ def not_ready_reason(ready: bool, msg: Any, status: int | None) -> str:
     return f"the worker did not start: {describe_status(status)}; its stderr says why"
 
 
-def _exit_status(pid: int, within: float = 2.0) -> int | None:
-    """The worker's wait status once it has exited (it closed its socket), or None."""
+def _exit_status(link: ForkLink, pid: int, within: float = 2.0) -> int | None:
+    """The worker's wait status once its forker relays its end (it closed its socket), or
+    None."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
+        for ended, status in link.take_exits():
+            if ended == pid:
+                return status
+        if link.gone:
+            return None
         time.sleep(0.01)
     return None
 

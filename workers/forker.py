@@ -68,7 +68,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from workers import exitcodes, limits, proctitle, protocol, runtime
+from workers import exitcodes, limits, logs, proctitle, protocol, runtime
 from workers.errors import HandlerImportError, one_line
 from workers.handlers import Handler, resolve
 
@@ -180,30 +180,42 @@ def _hello(sock: socket.socket) -> dict[str, dict[str, Handler]] | None:
     for fd in fds:
         os.close(fd)
     try:
-        kind, path, table = pickle.loads(data)
+        kind, path, table, log = pickle.loads(data)
         if kind != "hello":
             raise ValueError(f"expected a hello, got {kind!r}")
         sys.path[:] = path
+        if log is not None:  # before the imports: what they log is formatted too
+            logs.setup_logging(log[0], level=log[1])
         handlers = load_table(table)
     except (Exception, SystemExit) as exc:  # an import that raised, or a bad hello
         why = str(exc) if isinstance(exc, ImportError) else one_line(exc)
         with contextlib.suppress(OSError):
-            sock.send(pickle.dumps(("broken", f"the forker could not import the handlers: {why}")))
+            sock.send(_message("broken", f"the forker could not import the handlers: {why}"))
         return None
     sock.send(pickle.dumps(("ready",)))
     return handlers
 
 
+MESSAGE_AT_MOST = 3000  # bytes of a message record's text (the link reads 64 KiB records)
+
+
+def _message(tag: str, text: str) -> bytes:
+    """A ``broken`` or ``failed`` record, its text cut to ``MESSAGE_AT_MOST`` bytes of UTF-8."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) > MESSAGE_AT_MOST:
+        text = raw[: MESSAGE_AT_MOST - 20].decode("utf-8", "ignore") + " [cut]"
+    return pickle.dumps((tag, text))
+
+
 def serve(sock: socket.socket, parent: int) -> int:
     """The forker's life: import the handlers the hello names, then fork a worker per
     request until EOF, relaying every exit. Returns the exit code."""
-    # dispositions before the mask is cleared: a signal held across the fork must not run
-    # the supervisor's handlers here (a Ctrl-C at its terminal reaches this process too)
-    signal.set_wakeup_fd(-1)
+    # dispositions before the mask is cleared: it was spawned with every signal blocked, and a
+    # Ctrl-C at the supervisor's terminal reaches this process too
     _signal.signal(signal.SIGINT, _signal.SIG_IGN)  # the supervisor coordinates every stop
     _signal.signal(signal.SIGTERM, _signal.SIG_IGN)
     _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)  # exits come through pidfds
-    _sigmask(signal.SIG_SETMASK, ())  # fork_blocked's mask, inherited
+    _sigmask(signal.SIG_SETMASK, ())  # the mask start_forker spawned it with
     proctitle.set_title(TITLE)
     limits.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != parent:  # the supervisor died before PDEATHSIG was in place
@@ -344,7 +356,8 @@ class _Forker:
         os.close(pidfd)
 
     def send(self, record: tuple[Any, ...]) -> None:
-        self.outbox.append(pickle.dumps(record))
+        failed = record[0] == "failed"  # a message of any length: capped
+        self.outbox.append(_message(*record) if failed else pickle.dumps(record))
         self.flush()
 
     def flush(self) -> None:

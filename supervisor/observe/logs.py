@@ -15,57 +15,11 @@ keys of the object, so a log pipeline can count and filter without parsing sente
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
-from datetime import UTC, datetime
-from typing import Any
 
-JOB_FIELDS = (
-    "event",
-    "job_id",
-    "pool",
-    "kind",
-    "attempt",
-    "max_deliveries",
-    "duration",
-    "peak_rss",
-    "error_kind",
-    "node",
-)
-HUMAN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from workers.logs import HUMAN_FORMAT, JOB_FIELDS, JsonFormatter, setup_logging
 
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ts (UTC, ISO 8601), level, logger, msg, the job fields when
-    present, and the traceback as ``exc``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = datetime.fromtimestamp(record.created, UTC)
-        out: dict[str, Any] = {
-            "ts": ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key in JOB_FIELDS:
-            value = getattr(record, key, None)
-            if value is not None:
-                out[key] = value
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def setup_logging(fmt: str = "human", stream: Any = None, level: int = logging.INFO) -> None:
-    """Configure the root logger once, for ``fleetd start``."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(HUMAN_FORMAT))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level)
+__all__ = ["HUMAN_FORMAT", "JOB_FIELDS", "JsonFormatter", "job_event", "setup_logging"]
 
 
 def _size(n: int | None) -> str:

@@ -9,6 +9,8 @@ forks no worker before it says it is ready.
 
 from __future__ import annotations
 
+import time
+
 from supervisor.config import load_config
 from supervisor.errors import HandlerError
 from supervisor.imports import handler_refs, import_handlers
@@ -19,9 +21,12 @@ from supervisor.run.forklink import BOOT_LIMIT, ForkerGone, start_forker
 def run(config_path: str, *, node_id: str | None = None) -> int:
     config = load_config(config_path)
     setup_logging(config.log_format)
+    started = time.monotonic()
     handlers = import_handlers(config)
+    # the forker imports the same modules: give it the time this took, several times over
+    boot_limit = max(BOOT_LIMIT, 5 * (time.monotonic() - started))
     try:
-        forker = start_forker(handlers, handler_refs(config))
+        forker = start_forker(handlers, handler_refs(config), boot_limit=boot_limit)
     except ValueError as exc:  # a handler the forker can neither import nor unpickle
         raise HandlerError(f"{config.path}: {exc}") from None
     try:
@@ -32,7 +37,7 @@ def run(config_path: str, *, node_id: str | None = None) -> int:
         store = open_store(config.database)
         try:
             try:  # the handlers' imports, in the forker: meanwhile the store opened
-                forker.await_ready(BOOT_LIMIT)
+                forker.await_ready(boot_limit)
             except ForkerGone as exc:
                 raise HandlerError(f"{config.path}: {exc}") from None
             return Fleet(config, store, handlers, node_id=node_id, forker=forker).run()

@@ -19,9 +19,10 @@ a pass stops every worker and releases every lease before the exit (``run``'s er
 No thread is ever started here, so forking stays safe: the parent holds no database
 connection after boot, the metrics socket is served from the loop (observe.server), and
 children close what they inherit from the parent before running a job. Workers are forked by
-the forker (workers/forker.py: a small process forked at start, so a fork copies little and
-the loop pays no copy-on-write for it); the loop asks it through ``run/forklink.py`` and reads
-the exits it relays.
+the forker (workers/forker.py: a fresh interpreter spawned at start that imports only the
+workers package and the handlers, so a fork copies little and the loop pays no copy-on-write
+for it); the loop asks it through ``run/forklink.py``, once it is ready, and reads the exits it
+relays.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from supervisor.errors import FleetdError
 from supervisor.imports import handler_refs
 from supervisor.observe.observer import Observer
 from supervisor.observe.server import MetricsServer
-from supervisor.policy import KillKind, KillReason
+from supervisor.policy import KillKind, KillReason, backoff_cap
 from supervisor.run import watchdog
 from supervisor.run.controls import Controls
 from supervisor.run.counters import Counters
@@ -74,6 +75,9 @@ log = logging.getLogger("fleetd.supervisor")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PUBLISH_EVERY = 1.0
 FORKER_PAUSE = 1.0  # seconds between the start of a forker and that of the next
+# ... doubled for each forker in a row that stopped before it was ready (its imports fail:
+# each try imports every handler again), up to this
+FORKER_PAUSE_AT_MOST = 60.0
 EXIT_LOOP_ERROR = 70  # sysexits' EX_SOFTWARE: the loop failed; every lease was handed back
 WRITE_PATIENCE = 10.0  # seconds an emergency stop keeps trying to write what it holds
 
@@ -94,6 +98,9 @@ class Fleet:
         # started by boot.run before the heavy imports (it stays small); else at our boot
         self.forker = forker
         self.forker_due = 0.0  # when a forker that died may be started again
+        self.forkers_broken = 0  # forkers in a row that stopped before they were ready
+        # seconds a forker may take to import the handlers (the first one's, from boot)
+        self.forker_boot_limit = forker.boot_limit if forker is not None else BOOT_LIMIT
         self.store = store  # at boot only (migrated, node registered); then every call
         # goes through a link to a process of the supervisor's own, so the loop never waits
         # for the database: ``link`` for the jobs (claims, extends, results; LISTEN), and
@@ -375,15 +382,18 @@ class Fleet:
         """A forker to ask: the one running once it has imported the handlers, or a new one
         once a dead one's pause is over (asked from the next pass on, when it is ready)."""
         if self.forker is not None:
-            if not self.forker.ready and now >= self.forker.started_at + BOOT_LIMIT:
-                self.forker_gone(now, f"it did not import the handlers in {BOOT_LIMIT:g}s")
+            limit = self.forker.boot_limit
+            if not self.forker.ready and now >= self.forker.started_at + limit:
+                self.forker_gone(now, f"it did not import the handlers in {limit:g}s")
                 return False
             return self.forker.ready
         if now < self.forker_due:
             return False
         try:
-            self.forker = start_forker(self.handlers, handler_refs(self.config))
-        except OSError as exc:  # EAGAIN, ENOMEM, EMFILE: no pool forks until the next try
+            self.forker = start_forker(
+                self.handlers, handler_refs(self.config), boot_limit=self.forker_boot_limit
+            )
+        except (OSError, ValueError) as exc:  # EAGAIN, ENOMEM, EMFILE: no fork until the next try
             self.forker_due = now + FORKER_PAUSE
             log.error("could not start a forker (%s); next try in %gs", exc, FORKER_PAUSE)
             return False
@@ -397,7 +407,7 @@ class Fleet:
         if self.forker is None:
             return self.forker_due
         if not self.forker.ready:
-            return self.forker.started_at + BOOT_LIMIT
+            return self.forker.started_at + self.forker.boot_limit
         return 0.0
 
     def on_forker(self) -> None:
@@ -431,8 +441,15 @@ class Fleet:
         for pid, relayed in forker.take_exits():
             self.worker_reaped(pid, relayed, now)
         forker.close_socket()
-        log.error("the forker stopped (%s; status %s): its workers are stopped", why, status)
-        self.forker_due = max(now, forker.started_at + FORKER_PAUSE)
+        self.forkers_broken = 0 if forker.ready else self.forkers_broken + 1
+        pause = backoff_cap(self.forkers_broken, FORKER_PAUSE, FORKER_PAUSE_AT_MOST)
+        self.forker_due = max(now, forker.started_at + pause)
+        log.error(
+            "the forker stopped (%s; status %s): its workers are stopped; the next in %.3gs",
+            why,
+            status,
+            self.forker_due - now,
+        )
         for pool in self.pools.values():
             for worker in list(pool.workers.values()):
                 worker.record_kill(KillReason(KillKind.RETIRE, "the forker stopped"), now)

@@ -15,6 +15,7 @@ reap it, so the pid names no other process while the loop may still signal it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import pickle
@@ -30,11 +31,13 @@ from dataclasses import replace
 from typing import Any
 
 import workers
+from supervisor.run.exits import describe_status
 from supervisor.run.workerproc import WorkerHandle, reap_within
 from workers import protocol
 from workers.errors import HandlerImportError
 from workers.forker import HandlerTable
 from workers.handlers import Handler, resolve
+from workers.logs import JsonFormatter
 from workers.runtime import WorkerSpec
 
 REPLY_LIMIT = 2.0  # seconds a fork request may take; a fork is ~1 ms
@@ -42,8 +45,12 @@ REPLY_LIMIT = 2.0  # seconds a fork request may take; a fork is ~1 ms
 # supervisor imported the same modules already; a heavy one, a model, takes seconds)
 BOOT_LIMIT = 60.0
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(workers.__file__)))
-_BOOT = f"import sys; sys.path[:0] = [{_ROOT!r}]; from workers.forker import main; main()"
-_RECORD = 4096  # the forker's records are a pickled tuple of a few ints or a short message
+# -P: no working folder on sys.path (a pickle.py there must not shadow the standard library
+# before the hello puts the supervisor's sys.path in place)
+_BOOT = f"import sys; sys.path.insert(0, {_ROOT!r}); from workers.forker import main; main()"
+# the largest hello a SOCK_SEQPACKET record carries here (the default socket buffer)
+HELLO_AT_MOST = 200_000
+_RECORD = 65536  # the forker's records: a tuple of a few ints or a message (capped there)
 
 
 class ForkFailed(Exception):
@@ -58,19 +65,31 @@ class ForkerGone(Exception):
 def start_forker(
     handlers: Mapping[str, Mapping[str, Handler]],
     refs: Mapping[str, Mapping[str, str]] | None = None,
+    *,
+    boot_limit: float = BOOT_LIMIT,
 ) -> ForkLink:
     """Spawn the forker (``handlers``: pool -> kind -> handler, imported here already; they
     are what its workers run). It imports each by a name that gives this very object: the
     ``"module:attr"`` of ``refs`` (the config's), else its ``module:qualname``; one with no
-    such name (a command handler) is pickled. Raises ``ValueError`` for a handler that has
-    neither, ``OSError`` if the process cannot be started."""
-    hello = pickle.dumps(("hello", list(sys.path), handler_table(handlers, refs)))
+    such name (a command handler) is pickled. It sets up logging as this process's root
+    logger is (a handler's log lines look like the supervisor's). ``boot_limit``: seconds it
+    may take to say ``ready``. Raises ``ValueError`` for a handler that has neither name nor
+    pickle, ``OSError`` if the process cannot be started."""
+    hello = pickle.dumps(("hello", list(sys.path), handler_table(handlers, refs), log_settings()))
+    if len(hello) > HELLO_AT_MOST:
+        raise ValueError(
+            f"the handlers' table is {len(hello):,} bytes pickled, more than the forker's "
+            f"hello carries ({HELLO_AT_MOST:,}): name the handlers in fleet.toml"
+        )
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         child_end.set_inheritable(True)  # the one descriptor it keeps across the exec
         argv = [
             sys.executable,
             *subprocess._args_from_interpreter_flags(),  # -X, -W, -O as this process runs
+            # -u is not among those (PYTHONUNBUFFERED is, through the environment)
+            *(["-u"] if getattr(sys.stdout, "write_through", False) else []),
+            "-P",
             "-c",
             _BOOT,
             str(child_end.fileno()),
@@ -84,7 +103,7 @@ def start_forker(
         raise
     finally:
         child_end.close()
-    link = ForkLink(pid, parent_end)
+    link = ForkLink(pid, parent_end, boot_limit)
     try:
         parent_end.sendall(hello)  # blocking: a large one waits for the forker to read it
     except OSError as exc:
@@ -96,6 +115,16 @@ def start_forker(
 
 
 _ALL_SIGNALS = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+
+
+def log_settings() -> tuple[str, int] | None:
+    """This process's log format and level, for the forker to set up the same (None: the
+    root logger has no handler here, so the forker sets none up either)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        return None
+    json_lines = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+    return ("json" if json_lines else "human", root.level)
 
 
 def handler_table(
@@ -147,13 +176,14 @@ def _names(name: str, handler: Handler) -> bool:
 
 
 class ForkLink:
-    def __init__(self, pid: int, sock: socket.socket) -> None:
+    def __init__(self, pid: int, sock: socket.socket, boot_limit: float = BOOT_LIMIT) -> None:
         self.pid: int | None = pid  # None once reaped
         self.sock: socket.socket | None = sock
         self.exits: list[tuple[int, int]] = []  # relayed, not taken yet: (pid, wait status)
         self.unsent: deque[bytes] = deque()  # "reaped" records the socket did not take yet
         self.started_at = time.monotonic()
         self.ready = False  # it said it imported the handlers; forks are asked for only then
+        self.boot_limit = boot_limit  # seconds it may take to say so
         self.broken: str | None = None  # why it could not, as it said
 
     def fileno(self) -> int | None:
@@ -168,7 +198,7 @@ class ForkLink:
         if self.sock is None:
             raise ForkerGone(self.broken or "the forker is gone")
         if not self.ready:
-            self.await_ready(BOOT_LIMIT)
+            self.await_ready(self.boot_limit)
         try:  # out of descriptors (EMFILE) or memory: this fork fails, the loop goes on
             cancel_slot, cancel_fd = protocol.CancelSlot.shared()
         except OSError as exc:
@@ -223,7 +253,16 @@ class ForkLink:
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
         while not self.ready:
-            self._read()
+            try:
+                self._read()
+            except ForkerGone:
+                if self.broken is not None:
+                    raise
+                status = self.wait(1.0)  # it died before it could say why: its stderr did
+                ended = describe_status(status) if status is not None else "gone"
+                raise ForkerGone(
+                    f"the forker ended before it was ready ({ended}); its stderr says why"
+                ) from None
             left = deadline - time.monotonic()
             if self.ready:
                 return
@@ -262,12 +301,16 @@ class ForkLink:
                 raise ForkerGone(f"the forker's socket: {exc}") from exc
             if not data:
                 raise ForkerGone("the forker closed its end")
-            record = pickle.loads(data)
-            if record[0] == "exit":
+            try:
+                record = pickle.loads(data)
+                tag = record[0]
+            except Exception as exc:  # cut short, or not ours: nothing more can be believed
+                raise ForkerGone(f"the forker sent a record that does not read: {exc}") from exc
+            if tag == "exit":
                 self.exits.append((record[1], record[2]))
-            elif record[0] == "ready":
+            elif tag == "ready":
                 self.ready = True
-            elif record[0] == "broken":
+            elif tag == "broken":
                 self.broken = str(record[1])
                 raise ForkerGone(self.broken)
             else:

@@ -417,12 +417,10 @@ class MemoryCgroups:
     def _retire(self, cg: WorkerCgroup) -> None:
         """A reaped worker's cgroup: kept for the next fork when it is empty and less than
         ``REUSE_BELOW`` is charged to it (its peak counter reset, its OOM count remembered as
-        the baseline), else released."""
-        if (
-            len(self.reusable) < REUSE_AT_MOST
-            and not _procs(cg.path)
-            and self._charged(cg.path) < REUSE_BELOW
-        ):
+        the baseline; the oldest kept is removed past ``REUSE_AT_MOST``), else released."""
+        if not _procs(cg.path) and self._charged(cg.path) < REUSE_BELOW:
+            if len(self.reusable) >= REUSE_AT_MOST:  # the oldest goes: its limit may be
+                self._release(self.reusable.pop(0).path)  # one no pool forks with any more
             oom = self._oom_count(cg)
             cg.oom_seen = oom if oom is not None else cg.oom_seen
             cg.next_check = 0.0

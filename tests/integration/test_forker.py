@@ -4,6 +4,7 @@ are released with the delivery given back, another forker is started, and the jo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -162,3 +163,18 @@ def test_a_forker_started_again_may_take_its_time_to_import(
     assert "forker started again" in log
     assert "did not answer" not in log and "did not import" not in log, log
     assert log.count("the forker stopped") == 1, log
+
+
+def test_what_a_handler_logs_comes_out_in_the_fleets_log_format(fleet: Harness) -> None:
+    # the forker is a fresh interpreter: it sets up the supervisor's format (the hello says
+    # which), so a handler's lines are JSON objects like the supervisor's own
+    fleet.configure(
+        {"p": {"handlers": {"log_line": FORKER_HANDLERS + "log_line"}}}, log_format="json"
+    )
+    sup = fleet.start()
+    (job,) = fleet.wait_final([fleet.enqueue("log_line", {"n": 41})], watch=[sup])
+    assert job.state == JobState.DONE, job
+    lines = [line for line in sup.log().splitlines() if "handler says 41" in line]
+    assert len(lines) == 1, sup.log()
+    record = json.loads(lines[0])
+    assert record["logger"] == "app.render" and record["level"] == "WARNING", record

@@ -46,7 +46,6 @@ def fleetd_dirs(parent: Path, pid: int, pool: str = "") -> list[Path]:
     return sorted(p for p in base.iterdir() if p.is_dir() and p.name.startswith(pool))
 
 
-@pytest.mark.parametrize("engine", ["sqlite"])  # nothing here depends on the store
 def _procs_in(cgroup: Path) -> list[str]:
     try:
         return (cgroup / "cgroup.procs").read_text().split()
@@ -54,6 +53,7 @@ def _procs_in(cgroup: Path) -> list[str]:
         return []  # removed meanwhile
 
 
+@pytest.mark.parametrize("engine", ["sqlite"])  # nothing here depends on the store
 def test_a_job_whose_subprocesses_pass_the_limit_ends_memory_limit(
     fleet: Harness, cgroup_parent: Path
 ) -> None:

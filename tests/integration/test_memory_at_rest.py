@@ -56,7 +56,8 @@ def test_fifty_io_workers_count_their_shared_pages_once(fleet: Harness) -> None:
 
     pool = eventually(measured, timeout=20)
     private, shared = pool["private_at_rest"], pool["shared_baseline"]
-    assert private < 16 * MIB < shared, (private, shared)  # a few MiB alone; most shared
+    # a few MiB alone; most of it shared (the interpreter, the workers package, the handlers)
+    assert private < 8 * MIB and private < shared, (private, shared)
     # the ceiling: (2 GiB - shared) / (46 MiB - shared), far above 2 GiB / 46 MiB = 44
     per_worker = max(46 * MIB - shared, MIB)
     assert pool["ceiling"] == min(200, (2048 * MIB - shared) // per_worker), pool
@@ -67,11 +68,12 @@ def test_fifty_io_workers_count_their_shared_pages_once(fleet: Harness) -> None:
     assert "at rest" in text and re.search(r"\d+(\.\d+)?M\+\d+(\.\d+)?M", text), text
     status = json.loads(fleetd("status", "-c", str(config), "--json"))
     row = status["pools"]["io"]
-    assert row["private_at_rest"] < 16 * MIB < row["shared_baseline"], row
+    assert row["private_at_rest"] < 8 * MIB and abs(row["shared_baseline"] - shared) < MIB, row
 
     plan = json.loads(fleetd("check", "-c", str(config), "--json"))["pools"]["io"]
     rest, sizing = plan["memory_at_rest"], plan["sizing"]
-    assert rest["private"] < 16 * MIB < rest["shared"], rest
+    # check forks its worker through a forker too: the same pages shared as the fleet's
+    assert rest["private"] < 8 * MIB and abs(rest["shared"] - shared) < 2 * MIB, (rest, shared)
     assert sizing["shared"] == rest["shared"]
     assert sizing["memory"] == (sizing["memory_share"] - rest["shared"]) // sizing["per_worker"]
     assert "at rest: a worker" in fleetd("check", "-c", str(config))

@@ -26,3 +26,10 @@ def modules(payload: dict) -> dict:
             m for m in ("sqlalchemy", "rich", "pydantic", "click", "psycopg") if m in sys.modules
         ),
     }
+
+
+def log_line(payload: dict) -> None:
+    """Logs one warning, as a handler using the logging module does."""
+    import logging
+
+    logging.getLogger("app.render").warning("handler says %s", payload["n"])

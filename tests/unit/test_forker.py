@@ -132,3 +132,55 @@ def test_a_forker_out_of_descriptors_fails_the_fork_rather_than_drop_one() -> No
         link.close(1.0)
         os.close(r)
         os.close(w)
+
+
+# ---- the hello's handler table (supervisor.run.forklink.handler_table) ----
+
+
+def test_handlers_are_named_by_the_config_then_their_qualified_name_else_pickled() -> None:
+    from supervisor.run.forklink import handler_table
+    from workers.command import CommandHandler, CommandSpec
+
+    command = CommandHandler(CommandSpec(argv=("true",)))
+    table = handler_table(
+        {"p": {"a": noop, "b": noop, "c": command}},
+        {"p": {"a": "tests.unit.test_forker:noop", "b": "tests.unit.test_forker:absent"}},
+    )
+    assert table["p"]["a"] == ("import", "tests.unit.test_forker:noop")
+    assert table["p"]["b"] == ("import", f"{noop.__module__}:noop")  # the config's is not it
+    assert table["p"]["c"] == ("object", command)
+
+
+def test_a_handler_the_forker_could_not_get_is_refused_at_once() -> None:
+    from supervisor.run.forklink import handler_table
+
+    with pytest.raises(ValueError, match=r"pools\.p: handler 'k'.*neither imported by name nor"):
+        handler_table({"p": {"k": lambda payload: None}})
+    main_handler = type(noop)(noop.__code__, {})  # a function that says it is __main__'s
+    main_handler.__module__ = "__main__"
+    with pytest.raises(ValueError, match="defined in __main__"):
+        handler_table({"p": {"k": main_handler}})
+
+
+def test_a_record_that_does_not_read_is_a_broken_forker_not_a_crash() -> None:
+    import pickle
+
+    from supervisor.run.forklink import ForkerGone, ForkLink
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    link = ForkLink(None, ours)  # type: ignore[arg-type]  # no process: the socket alone
+    for _ in range(2):  # past what one read takes: cut
+        theirs.send(pickle.dumps(("broken", "x" * 100_000)))
+    with pytest.raises(ForkerGone, match="does not read"):
+        link._read()
+    assert link.take_exits() == [] and link.gone  # the loop's way in: the forker is gone
+    theirs.close()
+
+
+def test_the_forkers_messages_are_capped() -> None:
+    import pickle
+
+    tag, text = pickle.loads(forker._message("broken", "é" * 10_000))
+    assert tag == "broken" and len(text.encode()) <= forker.MESSAGE_AT_MOST
+    assert text.endswith("[cut]")

@@ -262,7 +262,9 @@ def test_at_most_reuse_at_most_kept_and_all_removed_at_close(fake: MemoryCgroups
         (path / "memory.usage_in_bytes").write_text(str(MIB))
         memcg.worker_exited(w, 0, now=1.0)
     assert len(memcg.reusable) == REUSE_AT_MOST
-    assert len(memcg.pending) == 2  # the rest are removed (here: rmdir of a fake tree fails)
+    # the oldest two were removed (here: rmdir of a fake tree fails), the newest kept
+    assert [cg.path.name for cg in memcg.reusable] == [f"p-1-{w.pid}" for w in handles[2:]]
+    assert len(memcg.pending) == 2
     kept = [cg.path for cg in memcg.reusable]
     memcg.close()
     assert memcg.reusable == []
