@@ -116,6 +116,9 @@ def test_a_fork_with_no_descriptor_left_does_not_stop_the_loop(forked, forker_al
         fleet.spawn(now)
     assert not pool.workers
     later = now + 60.0
+    fleet.spawn(later)  # a new forker, if the last died: asked once it is ready
+    assert fleet.forker is not None
+    fleet.forker.await_ready(30.0)
     fleet.spawn(later)
     assert len(pool.workers) == 1
 
@@ -132,6 +135,9 @@ def test_a_forker_that_stops_answering_is_replaced_and_the_loop_goes_on(forked) 
     assert fleet.forker is None and not pool.workers
     with pytest.raises(ChildProcessError):  # killed, and reaped
         os.waitpid(stuck, os.WNOHANG)
-    fleet.spawn(now + 60.0)  # a new forker, and the worker
+    fleet.spawn(now + 60.0)  # a new forker; asked for the worker once it is ready
     assert isinstance(fleet.forker, ForkLink) and fleet.forker.pid != stuck
+    assert not pool.workers
+    fleet.forker.await_ready(30.0)
+    fleet.spawn(now + 60.0)
     assert len(pool.workers) == 1

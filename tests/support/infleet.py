@@ -100,6 +100,7 @@ def real_forker(fleet: Fleet) -> Fleet:
     """``fleet`` with a real forker (workers/forker.py), started from this process: its
     workers are the forker's children, their exits relayed as in ``fleetd start``."""
     fleet.forker = start_forker(fleet.handlers, handler_refs(fleet.config))
+    fleet.forker.await_ready(30.0)  # as fleetd start does before the loop
     fleet.watch_forker()
     return fleet
 
