@@ -74,7 +74,7 @@ def test_status_once_in_a_real_terminal_during_a_workload(fleet: Harness) -> Non
         sup.check_alive()
         workers = sup.workers(fleet.store, "poison")
         busy = [w for w in sup.workers(fleet.store, "bulk") if w["state"] == "busy"]
-        return bool(workers and (workers[0]["rss"] or 0) > 210 * 2**20 and len(busy) == 3)
+        return bool(workers and (workers[0]["rss"] or 0) > 180 * 2**20 and len(busy) == 3)
 
     eventually(bomb_in_flight, timeout=30)
     command = (
