@@ -99,6 +99,7 @@ class Fleet:
         self.forker = forker
         self.forker_due = 0.0  # when a forker that died may be started again
         self.forkers_broken = 0  # forkers in a row that stopped before they were ready
+        self.handler_refs = handler_refs(config)  # the names each forker imports them by
         # seconds a forker may take to import the handlers (the first one's, from boot)
         self.forker_boot_limit = forker.boot_limit if forker is not None else BOOT_LIMIT
         self.store = store  # at boot only (migrated, node registered); then every call
@@ -204,7 +205,7 @@ class Fleet:
         # the pauses before the first claim: the link's first read may fail or come late
         self.controls.start(self.store.pauses())
         if self.forker is None:
-            self.forker = start_forker(self.handlers, handler_refs(self.config))
+            self.forker = start_forker(self.handlers, self.handler_refs)
         self.loop = Loop((*STOP_SIGNALS, signal.SIGCHLD))
         self.watch_forker()
         # a daemon whose worker was killed comes to us, not init: end_strays kills it
@@ -391,7 +392,7 @@ class Fleet:
             return False
         try:
             self.forker = start_forker(
-                self.handlers, handler_refs(self.config), boot_limit=self.forker_boot_limit
+                self.handlers, self.handler_refs, boot_limit=self.forker_boot_limit
             )
         except (OSError, ValueError) as exc:  # EAGAIN, ENOMEM, EMFILE: no fork until the next try
             self.forker_due = now + FORKER_PAUSE

@@ -45,8 +45,6 @@ REPLY_LIMIT = 2.0  # seconds a fork request may take; a fork is ~1 ms
 # supervisor imported the same modules already; a heavy one, a model, takes seconds)
 BOOT_LIMIT = 60.0
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(workers.__file__)))
-# -P: no working folder on sys.path (a pickle.py there must not shadow the standard library
-# before the hello puts the supervisor's sys.path in place)
 _BOOT = f"import sys; sys.path.insert(0, {_ROOT!r}); from workers.forker import main; main()"
 # the largest hello a SOCK_SEQPACKET record carries here (the default socket buffer)
 HELLO_AT_MOST = 200_000
@@ -89,6 +87,8 @@ def start_forker(
             *subprocess._args_from_interpreter_flags(),  # -X, -W, -O as this process runs
             # -u is not among those (PYTHONUNBUFFERED is, through the environment)
             *(["-u"] if getattr(sys.stdout, "write_through", False) else []),
+            # no working folder on sys.path: a pickle.py there must not shadow the standard
+            # library before the hello puts the supervisor's sys.path in place
             "-P",
             "-c",
             _BOOT,
