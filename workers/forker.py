@@ -223,6 +223,7 @@ def serve(sock: socket.socket, parent: int) -> int:
     handlers = _hello(sock)
     if handlers is None:
         return exitcodes.SETUP_FAILED
+    runtime.prepare_forker()  # after the imports: what a worker needs, done here once
     forker = _Forker(sock, handlers)
     try:
         forker.run()

@@ -178,3 +178,37 @@ def test_what_a_handler_logs_comes_out_in_the_fleets_log_format(fleet: Harness) 
     assert len(lines) == 1, sup.log()
     record = json.loads(lines[0])
     assert record["logger"] == "app.render" and record["level"] == "WARNING", record
+
+
+def test_workers_inherit_a_workers_signals_from_the_forker_and_run_jobs_unmasked(
+    fleet: Harness,
+) -> None:
+    # the forker sets a worker's dispositions once, after the imports (runtime.prepare_forker):
+    # a handler a library installed at import is dropped, the worker's two are in place, and
+    # the forker keeps those two blocked, where a worker unblocks them for its job
+    fleet.configure({"p": {"handlers": {"state": FORKER_HANDLERS + "signal_state"}}})
+    sup = fleet.start()
+    (job,) = fleet.wait_final([fleet.enqueue("state")], watch=[sup])
+    assert job.state == JobState.DONE, job
+    state = job.result
+    assert state["dispositions"] == {
+        "SIGUSR1": "python",  # the soft timeout (protocol.SOFT_TIMEOUT_SIGNAL)
+        "SIGUSR2": "SIG_DFL",  # the library's handler, dropped
+        "SIGINT": "SIG_IGN",
+        "SIGTERM": "SIG_IGN",
+        "SIGCHLD": "SIG_DFL",
+    }, state
+    assert state["cancel"] == "python", state
+    assert state["blocked"] == [], state  # during the job: the soft timeout and the cancel reach it
+    (forker,) = sup.forker_pids()
+    blocked = int(_status_field(forker, "SigBlk"), 16)
+    for sig in (signal.SIGUSR1, signal.SIGRTMIN + 4):
+        assert blocked & (1 << (sig - 1)), f"{sig} not blocked in the forker: {blocked:x}"
+
+
+def _status_field(pid: int, name: str) -> str:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(name + ":"):
+                return line.split()[1]
+    raise AssertionError(f"no {name} in /proc/{pid}/status")

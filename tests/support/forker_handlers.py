@@ -4,6 +4,7 @@ tests/support/handlers.py: what this module imports is what a worker that runs i
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -16,6 +17,10 @@ if os.environ.get("FLEETD_TEST_SLOW_IMPORT"):
 # in another (a missing environment variable, a path relative to the working folder)
 if os.environ.get("FLEETD_TEST_FORKER_IMPORT_FAILS") and "supervisor.config" not in sys.modules:
     raise RuntimeError("refuses to load outside the supervisor")
+
+# a library that installs a handler at import (the forker imports it; its workers must not
+# keep a handler that refers to the forker's objects)
+signal.signal(signal.SIGUSR2, lambda signum, frame: None)
 
 
 def modules(payload: dict) -> dict:
@@ -33,3 +38,18 @@ def log_line(payload: dict) -> None:
     import logging
 
     logging.getLogger("app.render").warning("handler says %s", payload["n"])
+
+
+def signal_state(payload: dict) -> dict:
+    """This worker's dispositions and mask while its job runs, and its parent's mask."""
+
+    def disposition(sig: int) -> str:
+        handler = signal.getsignal(sig)
+        return "python" if callable(handler) else signal.Handlers(handler).name
+
+    names = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGCHLD")
+    return {
+        "dispositions": {name: disposition(getattr(signal, name)) for name in names},
+        "cancel": disposition(signal.SIGRTMIN + 4),
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    }

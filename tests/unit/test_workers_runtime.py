@@ -255,6 +255,22 @@ def test_peak_rss_is_reset_between_jobs(spawn: Callable[..., Worker]) -> None:
     assert small.peak_rss < big.peak_rss - 80 * MIB
 
 
+def test_a_fresh_workers_first_job_counts_its_peak_from_the_fork(
+    spawn: Callable[..., Worker],
+) -> None:
+    # the first job takes the peak since the fork (limits.peak_since_start, no reset): it is
+    # the worker's own, not the larger one its parent once had
+    spike = bytearray(200 * MIB)
+    spike[::4096] = b"x" * len(spike[::4096])
+    del spike  # the parent's peak stays 200 MiB above its RSS
+    rss = limits.current_rss() or 0
+    w = spawn(max_jobs_per_worker=1)
+    w.ready()
+    done = w.run("allocate", {"mib": 40})
+    assert isinstance(done, JobDone) and done.peak_rss is not None
+    assert 40 * MIB <= done.peak_rss < rss + 100 * MIB, (done.peak_rss, rss)
+
+
 def test_a_peak_left_by_an_ended_thread_is_not_the_next_jobs_peak(
     spawn: Callable[..., Worker],
 ) -> None:
