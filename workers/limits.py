@@ -46,6 +46,7 @@ watchdog stops the gradual bomb at ``memory_limit``; the rlimit bounds the watch
 
 from __future__ import annotations
 
+import _signal
 import ctypes
 import ctypes.util
 import os
@@ -363,16 +364,29 @@ class DeadlineAlarm:
     its own handler for this very signal defeats it; it ends the worker, not processes the job
     started (the parent kills the worker's process group when it reaps it)."""
 
+    # the library and the event, found and built once (``prepare``: in the forker, so a
+    # fresh worker does not look up a function or build a structure)
+    _lib: ctypes.CDLL | None = None
+    _event: _Sigevent | None = None
+
+    @classmethod
+    def prepare(cls) -> None:
+        if cls._lib is None:
+            lib = libc()
+            if lib is None or not hasattr(lib, "timer_create"):  # glibc < 2.34: in librt
+                lib = ctypes.CDLL(ctypes.util.find_library("rt"), use_errno=True)
+            lib.timer_settime  # noqa: B018  (a CDLL keeps a function once looked up)
+            cls._event = _Sigevent(sigev_signo=int(DEADLINE_SIGNAL), sigev_notify=_SIGEV_SIGNAL)
+            cls._lib = lib
+
     def __init__(self) -> None:
-        signal.signal(DEADLINE_SIGNAL, signal.SIG_DFL)  # not ignored, whatever we inherited
-        libc_ = libc()
-        if libc_ is None or not hasattr(libc_, "timer_create"):  # glibc < 2.34: in librt
-            libc_ = ctypes.CDLL(ctypes.util.find_library("rt"), use_errno=True)
-        self._libc = libc_
+        # not ignored, whatever we inherited (the C function: no Signals enum)
+        _signal.signal(int(DEADLINE_SIGNAL), _signal.SIG_DFL)
+        self.prepare()
+        self._libc = self._lib
         self._timer = ctypes.c_void_p()
-        event = _Sigevent(sigev_signo=int(DEADLINE_SIGNAL), sigev_notify=_SIGEV_SIGNAL)
         created = self._libc.timer_create(
-            _CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._timer)
+            _CLOCK_MONOTONIC, ctypes.byref(self._event), ctypes.byref(self._timer)
         )
         if created != 0:
             raise OSError(ctypes.get_errno(), "timer_create failed")

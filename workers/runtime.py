@@ -640,6 +640,8 @@ def prepare_forker() -> None:
     _dispositions_inherited = True
     for _ in range(REHEARSALS):
         _rehearse(protocol.MAX_FRAME)
+    with contextlib.suppress(OSError, AttributeError):  # no POSIX timers: said per worker
+        limits.DeadlineAlarm.prepare()
     gc.collect()
     gc.freeze()
 

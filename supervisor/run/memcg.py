@@ -397,8 +397,8 @@ class MemoryCgroups:
         """The cgroup's kernel OOM kill count; None if unreadable (a kernel before 4.13)."""
         name = "memory.events" if self.mechanism.mechanism == "v2" else "memory.oom_control"
         try:
-            text = (cg.path / name).read_text()
-        except OSError:
+            text = _read(cg.path, name).decode()
+        except (OSError, UnicodeDecodeError):
             return None
         for line in text.splitlines():
             key, _, value = line.partition(" ")
@@ -409,7 +409,7 @@ class MemoryCgroups:
     def _peak_text(self, cg: WorkerCgroup) -> str:
         name = "memory.peak" if self.mechanism.mechanism == "v2" else "memory.max_usage_in_bytes"
         try:
-            peak = int((cg.path / name).read_text().split()[0])
+            peak = int(_read(cg.path, name).split()[0])
         except (OSError, ValueError, IndexError):
             return ""
         return f"; cgroup peak {format_size(peak)}"
@@ -441,7 +441,7 @@ class MemoryCgroups:
         """Bytes charged to the cgroup now; unreadable counts as too much to reuse."""
         name = "memory.current" if self.mechanism.mechanism == "v2" else "memory.usage_in_bytes"
         try:
-            return int((path / name).read_text())
+            return int(_read(path, name))
         except (OSError, ValueError):
             return REUSE_BELOW
 
@@ -481,15 +481,34 @@ class MemoryCgroups:
 
 def _write(path: Path, value: int, optional: bool = False) -> None:
     try:
-        path.write_text(str(value))
+        # as ``open(path, "w")`` (cgroupfs makes no file: a missing knob is an OSError)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, b"%d" % value)
+        finally:
+            os.close(fd)
     except OSError:
         if not optional:  # a missing or refused optional knob (swap, oom.group) is skipped
             raise
 
 
+def _read(folder: Path, name: str) -> bytes:
+    """A cgroup file's contents, with os calls: the loop reads three after every worker's
+    end, and ``Path.read_text`` (an io stack, a decoder) took several times as long. Raises
+    ``OSError``."""
+    fd = os.open(f"{folder}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:  # cgroup.procs of a fork bomb's cgroup is longer than one read
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _procs(path: Path) -> list[int]:
     try:
-        return [int(line) for line in (path / "cgroup.procs").read_text().split()]
+        return [int(pid) for pid in _read(path, "cgroup.procs").split()]
     except (OSError, ValueError):
         return []
 
