@@ -398,6 +398,7 @@ class Fleet:
             self.forker_due = now + FORKER_PAUSE
             log.error("could not start a forker (%s); next try in %gs", exc, FORKER_PAUSE)
             return False
+        self.forker.started_at = now  # its boot limit and pause run on the loop's clock
         self.watch_forker()
         log.info("forker started again (pid %d)", self.forker.pid)
         return False

@@ -141,3 +141,36 @@ def test_a_forker_that_stops_answering_is_replaced_and_the_loop_goes_on(forked) 
     fleet.forker.await_ready(30.0)
     fleet.spawn(now + 60.0)
     assert len(pool.workers) == 1
+
+
+def test_a_forker_that_never_becomes_ready_is_killed_at_its_boot_limit_and_backed_off(
+    forked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet, _ = forked(handlers={"modules": "tests.support.forker_handlers:modules"})
+    first = fleet.forker
+    assert isinstance(first, ForkLink) and first.pid is not None
+    os.kill(first.pid, signal.SIGKILL)
+    infleet.wait_exited(first.pid)
+    fleet.reap_children(fleet.clock.monotonic())
+    assert fleet.forker is None
+    # the next forkers' imports hang (this process imported the module already: not here)
+    monkeypatch.setenv("FLEETD_TEST_SLOW_IMPORT", "60")
+    fleet.forker_boot_limit = 1.0
+    start = fleet.clock.monotonic() + 5.0  # past the pause after the first one's death
+    for broken, pause in ((1, 1.0), (2, 2.0)):  # 1, 2, 4 ... s from the start of the last
+        fleet.spawn(start)
+        hung = fleet.forker
+        assert isinstance(hung, ForkLink) and hung.pid is not None and not hung.ready
+        hung_pid = hung.pid
+        assert fleet.forker_due_at() == start + 1.0  # the loop wakes at the boot limit
+        fleet.spawn(start + 0.5)  # booting: nothing asked of it, nothing killed
+        assert fleet.forker is hung and not fleet.pools["p"].workers
+        fleet.spawn(start + 1.0)
+        assert fleet.forker is None and hung.pid is None  # killed, and reaped
+        with pytest.raises(ChildProcessError):
+            os.waitpid(hung_pid, os.WNOHANG)
+        assert fleet.forkers_broken == broken
+        assert fleet.forker_due == max(start + 1.0, start + pause)
+        start = fleet.forker_due
+    fleet.spawn(start - 0.5)
+    assert fleet.forker is None  # not before its pause is over
