@@ -583,9 +583,10 @@ _sigmask = getattr(_signal, "pthread_sigmask", signal.pthread_sigmask)
 _SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()))
 _WORKER_MASK = frozenset({protocol.SOFT_TIMEOUT_SIGNAL})  # unblocked only while a handler runs
 
-# True in a process whose signal dispositions are already a worker's (``prepare_forker``):
-# a worker forked from it only sets its mask.
-_dispositions_inherited = False
+# What the parent's signal setup left that a worker must undo, when the parent knows it
+# (``prepare_forker``): the signals it has Python handlers for, and whether it has a wake-up
+# fd. None: not known, look (every signal: ~0.3 ms of a fresh worker's boot, measured).
+_parents_signals: tuple[tuple[int, ...], bool] | None = None
 
 
 def _reset_signals() -> None:
@@ -596,25 +597,28 @@ def _reset_signals() -> None:
     the fork is inherited too. SIGPIPE stays ignored (Python's default), so a write to a dead
     parent raises BrokenPipeError instead of killing the worker silently.
     """
-    if not _dispositions_inherited:
+    handled, wakeup_fd = _parents_signals or (_python_handled(), True)
+    if wakeup_fd:
         signal.set_wakeup_fd(-1)
-        _worker_dispositions()
-    _sigmask(signal.SIG_SETMASK, _WORKER_MASK)
-
-
-def _worker_dispositions() -> None:
-    """SIG_DFL for every signal with a Python handler, SIGINT/SIGTERM ignored, and the
-    worker's own two handlers."""
-    for sig in _SIGNALS:  # the C functions: plain ints, no Signals enum per call (~0.3 ms)
-        try:
-            if callable(_signal.getsignal(sig)):
-                _signal.signal(sig, _signal.SIG_DFL)
-        except (OSError, ValueError):  # SIGKILL, SIGSTOP and friends cannot be changed
-            continue
+    for sig in handled:
+        _signal.signal(sig, _signal.SIG_DFL)
     _signal.signal(signal.SIGINT, _signal.SIG_IGN)
     _signal.signal(signal.SIGTERM, _signal.SIG_IGN)
     _signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, _raise_soft_timeout)
     _signal.signal(protocol.CANCEL_SIGNAL, context.note_cancel)  # sets a flag; never raises
+    _sigmask(signal.SIG_SETMASK, _WORKER_MASK)
+
+
+def _python_handled() -> tuple[int, ...]:
+    """The signals this process has a Python handler for."""
+    handled = []
+    for sig in _SIGNALS:  # the C functions: plain ints, no Signals enum per call (~0.3 ms)
+        try:
+            if callable(_signal.getsignal(sig)):
+                handled.append(sig)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP and friends
+            continue
+    return tuple(handled)
 
 
 REHEARSALS = 64  # runs of each path: past the interpreter's warm-up, which specialises code
@@ -626,18 +630,22 @@ def prepare_forker() -> None:
     the forker: a copy-on-write fault, ~2.7 µs here with a memory cgroup (measured), and
     a fresh worker took ~700 of them to run one no-op job. So, once, here:
 
-    - the worker's signal dispositions (``_worker_dispositions``), its two Python handlers
-      blocked in this process, which never acts on them: a worker sets only its mask;
+    - note what a worker must undo of this process's signal setup (the handlers a handler
+      module installed at import, a wake-up fd): it undoes that and no more. The forker
+      keeps them: a library's SIGALRM timer goes on running its handler here;
     - the pure code every job runs (frames both ways, the title, JSON, the job context, a
       handler call) is run ``REHEARSALS`` times: the interpreter specialises a function's
       code in place on its first runs, and in a fresh worker every such write is a fault;
     - ``gc.freeze()``: what the forker holds is never walked by a collection here or there.
 
-    What it cannot do: the handlers' own code warms up in each worker (only a job runs it)."""
-    global _dispositions_inherited
-    _sigmask(signal.SIG_BLOCK, {protocol.SOFT_TIMEOUT_SIGNAL, protocol.CANCEL_SIGNAL})
-    _worker_dispositions()
-    _dispositions_inherited = True
+    What it cannot do: the handlers' own code warms up in each worker (only a job runs it);
+    a handler module that changes its signal setup later, from a thread it started, is not
+    seen (its workers keep that handler)."""
+    global _parents_signals
+    wakeup_fd = signal.set_wakeup_fd(-1)
+    if wakeup_fd != -1:
+        signal.set_wakeup_fd(wakeup_fd)  # the forker keeps it: only its workers drop it
+    _parents_signals = (_python_handled(), wakeup_fd != -1)
     for _ in range(REHEARSALS):
         _rehearse(protocol.MAX_FRAME)
     with contextlib.suppress(OSError, AttributeError):  # no POSIX timers: said per worker

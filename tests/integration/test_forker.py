@@ -180,12 +180,12 @@ def test_what_a_handler_logs_comes_out_in_the_fleets_log_format(fleet: Harness) 
     assert record["logger"] == "app.render" and record["level"] == "WARNING", record
 
 
-def test_workers_inherit_a_workers_signals_from_the_forker_and_run_jobs_unmasked(
-    fleet: Harness,
+def test_workers_drop_the_signal_setup_handler_modules_left_in_the_forker(
+    fleet: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the forker sets a worker's dispositions once, after the imports (runtime.prepare_forker):
-    # a handler a library installed at import is dropped, the worker's two are in place, and
-    # the forker keeps those two blocked, where a worker unblocks them for its job
+    # the forker notes what its imports set up (runtime.prepare_forker) and keeps it; each
+    # worker undoes it: a library's handler, a wake-up fd, the forker's blocked signals
+    monkeypatch.setenv("FLEETD_TEST_FORKER_WAKEUP_FD", "1")
     fleet.configure({"p": {"handlers": {"state": FORKER_HANDLERS + "signal_state"}}})
     sup = fleet.start()
     (job,) = fleet.wait_final([fleet.enqueue("state")], watch=[sup])
@@ -197,13 +197,31 @@ def test_workers_inherit_a_workers_signals_from_the_forker_and_run_jobs_unmasked
         "SIGINT": "SIG_IGN",
         "SIGTERM": "SIG_IGN",
         "SIGCHLD": "SIG_DFL",
+        "SIGALRM": "SIG_DFL",
     }, state
     assert state["cancel"] == "python", state
     assert state["blocked"] == [], state  # during the job: the soft timeout and the cancel reach it
+    assert state["wakeup_fd"] == -1, state  # no byte of the worker's goes into the forker's pipe
     (forker,) = sup.forker_pids()
-    blocked = int(_status_field(forker, "SigBlk"), 16)
-    for sig in (signal.SIGUSR1, signal.SIGRTMIN + 4):
-        assert blocked & (1 << (sig - 1)), f"{sig} not blocked in the forker: {blocked:x}"
+    caught = int(_status_field(forker, "SigCgt"), 16)
+    assert caught & (1 << (signal.SIGUSR2 - 1)), (
+        f"the forker lost the library's handler: {caught:x}"
+    )
+
+
+def test_a_forker_whose_imports_start_a_signal_timer_keeps_running(
+    fleet: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a handler module that arms SIGALRM at import (a sampling profiler): its handler runs
+    # in the forker, which lives on; its workers, which have no such timer, run their jobs
+    monkeypatch.setenv("FLEETD_TEST_FORKER_ALARM", "1")
+    fleet.configure({"p": {"handlers": {"sleep": FORKER_HANDLERS + "sleep"}}})
+    sup = fleet.start()
+    (forker,) = sup.forker_pids()
+    (job,) = fleet.wait_final([fleet.enqueue("sleep", {"seconds": 0.5})], watch=[sup])
+    assert job.state == JobState.DONE, job
+    assert sup.forker_pids() == {forker}, sup.log()
+    assert "the forker stopped" not in sup.log()
 
 
 def _status_field(pid: int, name: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -21,6 +22,17 @@ if os.environ.get("FLEETD_TEST_FORKER_IMPORT_FAILS") and "supervisor.config" not
 # a library that installs a handler at import (the forker imports it; its workers must not
 # keep a handler that refers to the forker's objects)
 signal.signal(signal.SIGUSR2, lambda signum, frame: None)
+
+if "supervisor.config" not in sys.modules:  # in the forker only
+    # an event loop's self-pipe left as the wake-up fd (loop.add_signal_handler does this)
+    if os.environ.get("FLEETD_TEST_FORKER_WAKEUP_FD"):
+        _wakeup = socket.socketpair()
+        _wakeup[1].setblocking(False)
+        signal.set_wakeup_fd(_wakeup[1].fileno())
+    # a sampling profiler's timer: SIGALRM several times a second, to a Python handler
+    if os.environ.get("FLEETD_TEST_FORKER_ALARM"):
+        signal.signal(signal.SIGALRM, lambda signum, frame: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
 
 
 def modules(payload: dict) -> dict:
@@ -47,9 +59,15 @@ def signal_state(payload: dict) -> dict:
         handler = signal.getsignal(sig)
         return "python" if callable(handler) else signal.Handlers(handler).name
 
-    names = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGCHLD")
+    names = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGTERM", "SIGCHLD", "SIGALRM")
+    wakeup_fd = signal.set_wakeup_fd(-1)
     return {
         "dispositions": {name: disposition(getattr(signal, name)) for name in names},
         "cancel": disposition(signal.SIGRTMIN + 4),
         "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "wakeup_fd": wakeup_fd,
     }
+
+
+def sleep(payload: dict) -> None:
+    time.sleep(payload["seconds"])
