@@ -48,8 +48,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+# whether this process logs JSON lines (set by ``setup_logging``; a fork inherits it)
+json_lines = False
+
+
+def json_line(level: str, logger: str, message: str) -> str:
+    """One line as ``JsonFormatter`` writes it, for what is written without the logging
+    module (a worker's last words before ``os._exit``)."""
+    ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return json.dumps({"ts": ts, "level": level, "logger": logger, "msg": message})
+
+
 def setup_logging(fmt: str = "human", stream: Any = None, level: int = logging.INFO) -> None:
     """Configure the root logger once, for ``fleetd start``."""
+    global json_lines
+    json_lines = fmt == "json"
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(HUMAN_FORMAT))
     root = logging.getLogger()

@@ -61,6 +61,7 @@ from workers import (
     context,
     exitcodes,
     limits,
+    logs,
     privileges,
     proctitle,
     protocol,
@@ -177,7 +178,7 @@ def main(
         if stop.why:
             _say(spec, stop.why)
     except BaseException:
-        _say(spec, "internal error\n" + traceback.format_exc())
+        _say(spec, "internal error\n" + traceback.format_exc(), "ERROR")
     finally:
         _flush_stdio()
         os._exit(code)
@@ -684,8 +685,11 @@ def _flush_stdio() -> None:
             pass
 
 
-def _say(spec: WorkerSpec, text: str) -> None:
-    """One unbuffered line on stderr, prefixed with the worker's name."""
+def _say(spec: WorkerSpec, text: str, level: str = "WARNING") -> None:
+    """One unbuffered line on stderr, prefixed with the worker's name: a JSON object where
+    the fleet logs JSON (``log_format = "json"``: every line of its log is one)."""
     line = f"fleetd worker {spec.pool}#{spec.slot} (pid {os.getpid()}): {text}\n"
+    if logs.json_lines:
+        line = logs.json_line(level, "fleetd.worker", line[len("fleetd ") : -1]) + "\n"
     with contextlib.suppress(OSError):
         os.write(2, line.encode("utf-8", "replace"))

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from workers import JobContext, current_job, exitcodes, limits, protocol
+from workers import JobContext, current_job, exitcodes, limits, logs, protocol
 from workers.context import bind, unbind
 from workers.errors import HandlerImportError
 from workers.handlers import load_handlers, resolve
@@ -494,6 +494,19 @@ def test_nproc_limit_contains_a_fork_bomb(spawn: Callable[..., Worker]) -> None:
 def test_unknown_user_exits_setup_failed(spawn: Callable[..., Worker]) -> None:
     w = spawn(user="no-such-user-fleetd")
     assert w.wait_exit() == exitcodes.SETUP_FAILED
+
+
+def test_a_workers_last_words_are_a_json_line_where_the_fleet_logs_json(
+    spawn: Callable[..., Worker], capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what a worker says on its way out (os._exit: no logging) keeps the fleet's format
+    monkeypatch.setattr(logs, "json_lines", True)
+    w = spawn(user="no-such-user-fleetd")
+    assert w.wait_exit() == exitcodes.SETUP_FAILED
+    (line,) = [x for x in capfd.readouterr().err.splitlines() if "no-such-user-fleetd" in x]
+    record = json.loads(line)
+    assert record["level"] == "WARNING" and record["logger"] == "fleetd.worker", record
+    assert record["msg"].startswith("worker test#1 (pid ") and "cannot switch to user" in line
 
 
 def test_spec_is_checked_before_the_fork() -> None:
