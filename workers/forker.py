@@ -318,7 +318,9 @@ class _Forker:
         if pid == 0:  # the worker
             slot = None
             try:
-                self.sock.close()
+                # not .close(): Python code the forker never runs (cold, so faults); the
+                # object is never used again in this process, which ends in os._exit
+                os.close(self.sock.fileno())
                 for pidfd in self.children.values():  # its siblings' (close-on-exec only)
                     os.close(pidfd)
                 os.setpgid(0, 0)  # its own group: a kill reaches the job's subprocesses too

@@ -673,6 +673,7 @@ def _rehearse(max_frame: int) -> None:
     proctitle.title_idle("pool", 1)
     proctitle.title_busy("pool", 1, 1, "kind", 0)
     context.unbind(context.bind(context.JobContext(1, "kind", 1, 0.0, "pool")))
+    _Worker(0, WorkerSpec(pool="pool", slot=1, handlers={}, parent_pid=0))  # its parts only
 
 
 def _flush_stdio() -> None:
