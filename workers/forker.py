@@ -156,7 +156,11 @@ def main() -> None:
     except BaseException:
         import traceback
 
-        traceback.print_exc()
+        if logs.json_lines:  # every line of the fleet's log is one JSON object
+            line = logs.json_line("ERROR", "fleetd.forker", "failed", traceback.format_exc())
+            os.write(2, (line + "\n").encode("utf-8", "replace"))
+        else:
+            traceback.print_exc()
     finally:
         os._exit(code)
 
@@ -225,6 +229,12 @@ def serve(sock: socket.socket, parent: int) -> int:
     handlers = _hello(sock)
     if handlers is None:
         return exitcodes.SETUP_FAILED
+    # a handler module may have installed its own for these at import: the forker's stand
+    # (the supervisor coordinates every stop; exits come through pidfds, and a SIGCHLD
+    # ignored would reap the workers before their exits are read)
+    _signal.signal(signal.SIGINT, _signal.SIG_IGN)
+    _signal.signal(signal.SIGTERM, _signal.SIG_IGN)
+    _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)
     runtime.prepare_forker()  # after the imports: what a worker needs, done here once
     forker = _Forker(sock, handlers)
     try:

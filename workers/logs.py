@@ -52,11 +52,14 @@ class JsonFormatter(logging.Formatter):
 json_lines = False
 
 
-def json_line(level: str, logger: str, message: str) -> str:
-    """One line as ``JsonFormatter`` writes it, for what is written without the logging
-    module (a worker's last words before ``os._exit``)."""
+def json_line(level: str, logger: str, message: str, exc: str | None = None) -> str:
+    """One line as ``JsonFormatter`` writes it (a traceback as ``exc``), for what is written
+    without the logging module (a worker's last words before ``os._exit``)."""
     ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return json.dumps({"ts": ts, "level": level, "logger": logger, "msg": message})
+    out = {"ts": ts, "level": level, "logger": logger, "msg": message}
+    if exc is not None:
+        out["exc"] = exc
+    return json.dumps(out)
 
 
 def setup_logging(fmt: str = "human", stream: Any = None, level: int = logging.INFO) -> None:

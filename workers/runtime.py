@@ -178,7 +178,7 @@ def main(
         if stop.why:
             _say(spec, stop.why)
     except BaseException:
-        _say(spec, "internal error\n" + traceback.format_exc(), "ERROR")
+        _say(spec, "internal error", "ERROR", traceback.format_exc())
     finally:
         _flush_stdio()
         os._exit(code)
@@ -632,21 +632,22 @@ def prepare_forker() -> None:
     a fresh worker took ~700 of them to run one no-op job. So, once, here:
 
     - note what a worker must undo of this process's signal setup (the handlers a handler
-      module installed at import, a wake-up fd): it undoes that and no more. The forker
-      keeps them: a library's SIGALRM timer goes on running its handler here;
+      module installed at import): it undoes that and no more. The forker keeps them (a
+      library's SIGALRM timer goes on running its handler here), but for a wake-up fd,
+      dropped here, and SIGINT/SIGTERM/SIGCHLD, which ``forker.serve`` sets back;
     - the pure code every job runs (frames both ways, the title, JSON, the job context, a
       handler call) is run ``REHEARSALS`` times: the interpreter specialises a function's
       code in place on its first runs, and in a fresh worker every such write is a fault;
     - ``gc.freeze()``: what the forker holds is never walked by a collection here or there.
 
     What it cannot do: the handlers' own code warms up in each worker (only a job runs it);
-    a handler module that changes its signal setup later, from a thread it started, is not
-    seen (its workers keep that handler)."""
+    a handler the forker's own code installs later (a signal handler that installs another)
+    is not seen, and its workers keep it."""
     global _parents_signals
-    wakeup_fd = signal.set_wakeup_fd(-1)
-    if wakeup_fd != -1:
-        signal.set_wakeup_fd(wakeup_fd)  # the forker keeps it: only its workers drop it
-    _parents_signals = (_python_handled(), wakeup_fd != -1)
+    # a wake-up fd an import left (an event loop's self-pipe) is dropped here too: no loop
+    # reads it in the forker, and once full every signal would print a complaint
+    signal.set_wakeup_fd(-1)
+    _parents_signals = (_python_handled(), False)
     for _ in range(REHEARSALS):
         _rehearse(protocol.MAX_FRAME)
     with contextlib.suppress(OSError, AttributeError):  # no POSIX timers: said per worker
@@ -686,11 +687,14 @@ def _flush_stdio() -> None:
             pass
 
 
-def _say(spec: WorkerSpec, text: str, level: str = "WARNING") -> None:
-    """One unbuffered line on stderr, prefixed with the worker's name: a JSON object where
-    the fleet logs JSON (``log_format = "json"``: every line of its log is one)."""
-    line = f"fleetd worker {spec.pool}#{spec.slot} (pid {os.getpid()}): {text}\n"
+def _say(spec: WorkerSpec, text: str, level: str = "WARNING", exc: str | None = None) -> None:
+    """One unbuffered line on stderr, prefixed with the worker's name (and a traceback
+    after it): a JSON object where the fleet logs JSON (``log_format = "json"``: every line
+    of its log is one; the traceback as ``exc``, as the supervisor's own lines carry it)."""
+    name = f"worker {spec.pool}#{spec.slot} (pid {os.getpid()})"
     if logs.json_lines:
-        line = logs.json_line(level, "fleetd.worker", line[len("fleetd ") : -1]) + "\n"
+        line = logs.json_line(level, "fleetd.worker", f"{name}: {text}", exc) + "\n"
+    else:
+        line = f"fleetd {name}: {text}\n" + (exc or "")
     with contextlib.suppress(OSError):
         os.write(2, line.encode("utf-8", "replace"))

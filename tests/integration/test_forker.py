@@ -224,6 +224,24 @@ def test_a_forker_whose_imports_start_a_signal_timer_keeps_running(
     assert "the forker stopped" not in sup.log()
 
 
+def test_a_forker_ignores_sigterm_whatever_handler_its_imports_installed(
+    fleet: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # systemd's SIGTERM reaches every process of the unit: the forker, which must live on
+    # until the supervisor has drained, though a handler module installed a handler of its own
+    monkeypatch.setenv("FLEETD_TEST_FORKER_SIGTERM", "1")
+    fleet.configure({"p": {"handlers": {"sleep": FORKER_HANDLERS + "sleep"}}})
+    sup = fleet.start()
+    (forker,) = sup.forker_pids()
+    job_id = fleet.enqueue("sleep", {"seconds": 2.0})
+    sup.wait_workers(fleet.store, "p", 1, "busy")
+    os.kill(forker, signal.SIGTERM)
+    (job,) = fleet.wait_final([job_id], watch=[sup])
+    assert job.state == JobState.DONE and job.attempts == 1, job
+    assert "the forker stopped" not in sup.log(), sup.log()
+    assert sup.forker_pids() == {forker}, sup.log()
+
+
 def _status_field(pid: int, name: str) -> str:
     with open(f"/proc/{pid}/status") as status:
         for line in status:

@@ -29,6 +29,9 @@ if "supervisor.config" not in sys.modules:  # in the forker only
         _wakeup = socket.socketpair()
         _wakeup[1].setblocking(False)
         signal.set_wakeup_fd(_wakeup[1].fileno())
+    # a library's own SIGTERM handler (a graceful exit for a process of its own)
+    if os.environ.get("FLEETD_TEST_FORKER_SIGTERM"):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     # a sampling profiler's timer: SIGALRM several times a second, to a Python handler
     if os.environ.get("FLEETD_TEST_FORKER_ALARM"):
         signal.signal(signal.SIGALRM, lambda signum, frame: None)

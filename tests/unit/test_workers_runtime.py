@@ -507,6 +507,10 @@ def test_a_workers_last_words_are_a_json_line_where_the_fleet_logs_json(
     record = json.loads(line)
     assert record["level"] == "WARNING" and record["logger"] == "fleetd.worker", record
     assert record["msg"].startswith("worker test#1 (pid ") and "cannot switch to user" in line
+    assert "exc" not in record
+    # a traceback goes where the supervisor's own lines carry one (the chaos checks read it)
+    traced = json.loads(logs.json_line("ERROR", "fleetd.worker", "internal error", "Traceback"))
+    assert traced["exc"] == "Traceback" and traced["msg"] == "internal error"
 
 
 def test_spec_is_checked_before_the_fork() -> None:
