@@ -46,13 +46,18 @@ def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: in
     0
     >>> claim_size([Room(5, 0), Room(5, 0)], depth=5, prefetch=0, buffered=0)  # HELD_AT_LEAST
     74
+    >>> claim_size([Room(0, 1), Room(1, 0)], depth=36, prefetch=0, buffered=63)  # fed: wait
+    0
     """
     taking = [r for r in rooms if r.free > 0 or r.held]
     capacity = sum(r.free + r.held for r in taking)
     if depth > 1 and taking:  # a pipelining pool holds at least HELD_AT_LEAST (see above)
         capacity = max(capacity, HELD_AT_LEAST)
     room = sum(r.free for r in taking)
-    empty = any(r.free > 0 and not r.held for r in taking)  # a worker with nothing to do
+    # a worker with nothing to do gets its share at once, unless the buffer feeds it already: a
+    # pool of fresh workers (one job each, depth from its short jobs) otherwise topped up its
+    # buffer one job per claim, as each new worker booted empty
+    empty = buffered < room and any(r.free > 0 and not r.held for r in taking)
     ahead = prefetch + (capacity if depth > 1 else 0)
     want = room + ahead - buffered
     if want <= 0 or not (depth == 1 or empty or 2 * want >= capacity):

@@ -37,6 +37,11 @@ def test_doctests_pass() -> None:
         ([Room(2, 3), Room(2, 3)], 5, 0, 50, 0),  # 18 missing: fewer than half of 64
         ([Room(3, 2), Room(3, 2)], 5, 0, 30, 40),  # 40 missing: one claim of 40
         ([Room(1, 0), Room(0, 1)], 1, 0, 0, 1),  # one job at a time: no floor
+        # fresh workers (one job each) of short jobs: a booted worker that the buffer feeds
+        # waits for half of what is held to be missing, like a busy one
+        ([Room(0, 1), Room(1, 0)], 36, 0, 63, 0),
+        ([Room(0, 1), Room(1, 0), Room(1, 0)], 36, 0, 2, 64),  # two empty, two buffered: now
+        ([Room(0, 1), Room(1, 0)], 36, 0, 33, 32),
     ],
 )
 def test_claim_size(rooms: list[Room], depth: int, prefetch: int, buffered: int, want: int) -> None:
