@@ -779,6 +779,7 @@ class Fleet:
             self.loop.watch(self.waker.fileno(), self.on_wake)
 
     def on_wake(self) -> None:
+        import sys as _s, time as _t; _s.stderr.write("TRACE %s %.6f\n" % ('on_wake', _t.time())); _s.stderr.flush()
         assert self.loop is not None
         self.on_wake_pools(self.waker.drain())
         if self.waker.broken:
@@ -790,9 +791,13 @@ class Fleet:
     def on_wake_pools(self, pools: set[str]) -> None:
         if CONTROLS_WAKE in pools:
             self.controls.wake()
+        now = self.clock.monotonic()
         for name in pools:
             if name in self.pools:
-                self.dispatcher.wake(self.pools[name])
+                pool = self.pools[name]
+                self.dispatcher.wake(pool)
+                if not self.drain.active:  # its claim goes now, not after the rest of a pass
+                    self.dispatcher.claim(pool, now)
 
     def publish(self, now: float) -> None:
         if self.waker is None and self.store.dialect == "sqlite" and now >= self.next_waker_at:
