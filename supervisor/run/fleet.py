@@ -779,7 +779,6 @@ class Fleet:
             self.loop.watch(self.waker.fileno(), self.on_wake)
 
     def on_wake(self) -> None:
-        import sys as _s, time as _t; _s.stderr.write("TRACE %s %.6f\n" % ('on_wake', _t.time())); _s.stderr.flush()
         assert self.loop is not None
         self.on_wake_pools(self.waker.drain())
         if self.waker.broken:
