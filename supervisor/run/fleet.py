@@ -139,6 +139,7 @@ class Fleet:
         self.scratch_root: str | None = None  # made at boot (make_scratch_root)
         self.waker: Any = None
         self.next_waker_at = 0.0
+        self.woken_pools: set[str] = set()  # pools a wake-up named since the last pass
         self.next_publish = 0.0
         self.next_watchdog = 0.0
         self.reap_interval = min(10.0, max(0.5, min(p.lease for p in config.pools.values()) / 4))
@@ -178,6 +179,7 @@ class Fleet:
                 self.tick_links(now)
                 self.handle_signals(now)
                 self.reap_children(now)
+                self.claim_woken(now)
                 self.run_watchdog(now)
                 self.dispatch(now)
                 self.controls.tick(now)  # also during a drain: a cancel still stops a job
@@ -790,13 +792,21 @@ class Fleet:
     def on_wake_pools(self, pools: set[str]) -> None:
         if CONTROLS_WAKE in pools:
             self.controls.wake()
-        now = self.clock.monotonic()
         for name in pools:
             if name in self.pools:
-                pool = self.pools[name]
-                self.dispatcher.wake(pool)
-                if not self.drain.active:  # its claim goes now, not after the rest of a pass
-                    self.dispatcher.claim(pool, now)
+                self.dispatcher.wake(self.pools[name])
+                self.woken_pools.add(name)
+
+    def claim_woken(self, now: float) -> None:
+        """Claim for the pools a wake-up named, early in the pass: once this pass's signals,
+        frames and exits are read (so the claim is sized on them and a SIGTERM comes first),
+        before the watchdog and the rest. Claimed from the wake-up's callback instead, a
+        claim could go out sized before the same batch's JobDone frames were read."""
+        woken, self.woken_pools = self.woken_pools, set()
+        if self.drain.active:
+            return
+        for name in woken:
+            self.dispatcher.claim(self.pools[name], now)
 
     def publish(self, now: float) -> None:
         if self.waker is None and self.store.dialect == "sqlite" and now >= self.next_waker_at:

@@ -186,6 +186,7 @@ class ProcessLink:
         every other call it held failed; another is forked after a backoff."""
         if self.sock is not None:
             self.on_readable()  # replies already in the socket are replies, not losses
+        self._handle_inbox()  # and those read before a failed send disconnected it
         self._disconnect()
         self.pid = None
         self.killed = False
@@ -305,8 +306,10 @@ class ProcessLink:
         except BlockingIOError:
             return  # its buffer is full (a long call): the rest goes on a later pass
         except OSError:
+            # it is exiting: the calls fail when it is reaped (``exited``) or when the reading
+            # in hand is done (``on_readable``), not here, where a reply read already but not
+            # yet handled (a submit from a reply's callback) would be failed with the rest
             self._disconnect()
-            self._fail_all(StoreUnavailable("the store process exited"))
             return
         del self.outbox[:sent]
 
