@@ -54,12 +54,12 @@ def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: in
     if depth > 1 and taking:  # a pipelining pool holds at least HELD_AT_LEAST (see above)
         capacity = max(capacity, HELD_AT_LEAST)
     room = sum(r.free for r in taking)
-    # a worker with nothing to do gets its share at once, unless the buffer feeds it already: a
-    # pool of fresh workers (one job each, depth from its short jobs) otherwise topped up its
-    # buffer one job per claim, as each new worker booted empty
-    empty = buffered < room and any(r.free > 0 and not r.held for r in taking)
     ahead = prefetch + (capacity if depth > 1 else 0)
     want = room + ahead - buffered
-    if want <= 0 or not (depth == 1 or empty or 2 * want >= capacity):
+    # one rule for busy and idle workers: a worker with nothing to do that the buffer cannot
+    # feed means more than the capacity is missing, so it is claimed for at once; one the
+    # buffer feeds waits like a busy one (exempting idle workers made a pool of fresh workers,
+    # each booting empty, top its buffer up by one job per claim)
+    if want <= 0 or not (depth == 1 or 2 * want >= capacity):
         return 0
     return want

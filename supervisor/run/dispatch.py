@@ -142,8 +142,6 @@ class Dispatcher:
         one claim serves many jobs. One claim per pool is in flight at a time."""
         if pool.name in self.claiming or pool.paused:  # paused: nothing of it starts
             return
-        if self.draining:  # a wake-up during a drain or an emergency stop claims nothing
-            return
         if now < pool.rate_gate():  # no token yet: the reply of the last claim said when
             return
         if not any(w.state != WorkerState.STOPPING for w in pool.workers.values()):

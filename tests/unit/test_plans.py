@@ -40,7 +40,7 @@ def test_doctests_pass() -> None:
         # fresh workers (one job each) of short jobs: a booted worker that the buffer feeds
         # waits for half of what is held to be missing, like a busy one
         ([Room(0, 1), Room(1, 0)], 36, 0, 63, 0),
-        ([Room(0, 1), Room(1, 0), Room(1, 0)], 36, 0, 2, 64),  # two empty, two buffered: now
+        ([Room(0, 1), Room(1, 0), Room(1, 0)], 36, 0, 1, 65),  # two empty, one buffered: now
         ([Room(0, 1), Room(1, 0)], 36, 0, 33, 32),
     ],
 )
