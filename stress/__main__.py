@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stress.bench_fresh",
         "a fresh worker per job: max_jobs_per_worker = 1 beside a bare fork-per-job loop",
     ),
+    "bench-worker": (
+        "stress.bench_worker",
+        "one worker's CPU per no-op job, fed as the loop feeds a pipelining pool",
+    ),
     "bench-caps": (
         "stress.bench_caps",
         "claim cost with fleet-wide caps and fair shares, at depth and with many tenants",

@@ -63,3 +63,11 @@ def test_short_error_drops_the_module_and_cuts_the_message() -> None:
     text = short_error("rq.timeouts.JobTimeoutException: Task exceeded maximum timeout value")
     assert text.startswith("JobTimeoutException: Task exceeded")
     assert len(short_error("x" * 200)) == 60
+
+
+def test_bench_worker_runs_every_job_through_a_real_worker() -> None:
+    from stress import bench_worker
+
+    rate, cost = bench_worker._round(3000)  # raises if the worker exits or a result is missing
+    assert rate > 0
+    assert 0 < cost < 0.01  # CPU seconds a no-op job: some, and far less than 10 ms
