@@ -199,7 +199,7 @@ class _Worker:
         self.pid = os.getpid()
         self.subreaper = False  # PR_SET_CHILD_SUBREAPER took
         self.own_shm = False  # /dev/shm is this worker's own (emptied after every job)
-        self.shm_empty_inodes: int | None = None  # what it counts empty (tree.shm_inodes)
+        self.shm_fresh: tree.ShmBaseline | None = None  # what it counts empty, which it is
         self.reader = protocol.FrameReader(spec.max_frame)
         self.inbox: deque[protocol.Message] = deque()  # received, not yet acted on
         self.poller = select.poll()
@@ -214,7 +214,7 @@ class _Worker:
             limit = self.spec.memory_limit
             why = tree.private_shm(limit + self.spec.rlimit_headroom if limit else None)
             self.own_shm = why is None
-            self.shm_empty_inodes = tree.shm_inodes() if self.own_shm else None
+            self.shm_fresh = tree.shm_baseline() if self.own_shm else None
             if why is not None and scratch.first_time(self.spec.scratch_root, "shm"):
                 _say(self.spec, f"shares the host's /dev/shm: {why} (said once)")
         _reset_signals()
@@ -440,7 +440,7 @@ class _Worker:
             if spec.end_job_tree:
                 tree.end_all()  # nothing the job started outlives it (workers.tree)
             # nor what it left in /dev/shm; a job that filled it was short of memory
-            shm_full = self.own_shm and tree.shm_after_job(self.shm_empty_inodes)
+            shm_full = self.own_shm and tree.shm_after_job(self.shm_fresh)
             if not (self.inbox and isinstance(self.inbox[0], protocol.RunJob)):
                 self._idle_title()  # before the result goes out: nothing queued behind it
         if shm_full and outcome.error_kind in (protocol.EXCEPTION, protocol.CRASHED):

@@ -32,6 +32,7 @@ import shutil
 import signal
 import sys
 import threading
+from typing import NamedTuple
 
 from workers import limits
 
@@ -258,38 +259,57 @@ def private_shm(size: int | None) -> str | None:
     return None
 
 
-def shm_inodes(where: str = SHM) -> int | None:
-    """Inodes in use in the filesystem at ``where`` (a tmpfs spends one on every name in it:
-    file, folder, link), or None where it does not count them or cannot be read. Taken once
-    of a fresh /dev/shm, it is what an empty one counts (its root's)."""
+class ShmBaseline(NamedTuple):
+    """A worker's fresh private /dev/shm: its device, and the inodes it counts empty."""
+
+    dev: int
+    inodes: int | None  # None: the filesystem does not count them (every check lists)
+
+
+def shm_baseline(where: str = SHM) -> ShmBaseline | None:
+    """The device of the filesystem at ``where`` and the inodes in use there (a tmpfs spends
+    one on every name in it: file, folder, link, and its root's); None if it cannot be read.
+    Taken of a fresh /dev/shm, it is what an empty one counts, and which one is ours."""
     try:
-        st = os.statvfs(where)
+        dev, st = os.stat(where).st_dev, os.statvfs(where)
     except OSError:
         return None
-    return st.f_files - st.f_ffree if st.f_files > 0 else None
+    return ShmBaseline(dev, st.f_files - st.f_ffree if st.f_files > 0 else None)
 
 
-def shm_after_job(empty_inodes: int | None, where: str = SHM, slack: int = 1 << 20) -> bool:
+def shm_after_job(fresh: ShmBaseline | None, where: str = SHM, slack: int = 1 << 20) -> bool:
     """After a job, in a worker with a /dev/shm of its own: whether the job filled it (less
     than ``slack`` bytes left), with whatever the job left there removed.
 
     One ``statvfs`` when the job left nothing, which is nearly always: the inode count is
-    still ``empty_inodes`` (``shm_inodes`` of the fresh one) and no block is in use, so
-    there is nothing to list (a listing was ~3 µs of every job, about a tenth of what a
-    no-op job costs its worker). Listed and emptied when anything is there, when blocks are
-    in use (a file deleted but still open holds them), or when ``empty_inodes`` is None."""
+    still the fresh one's and no block is in use, so there is nothing to list (a listing was
+    ~9 µs of every job, a fifth of what a no-op job costs its worker). Listed and emptied
+    when anything is there, when blocks are in use (a file deleted but still open holds
+    them), and where the counts say nothing (none kept, or a root job remounted it with
+    ``nr_inodes=0,size=0``: both read 0 then). Never emptied once /dev/shm is not the
+    tmpfs mounted for this worker (a root job unmounted it or mounted another over it):
+    what is there then may be the host's."""
     try:
         st = os.statvfs(where)
     except OSError:
         return False
     full = st.f_bavail * st.f_frsize < slack
+    if fresh is None:
+        return full
     nothing_left = (
-        empty_inodes is not None
-        and st.f_files - st.f_ffree <= empty_inodes
+        fresh.inodes is not None
+        and st.f_files > 0
+        and st.f_blocks > 0
+        and st.f_files - st.f_ffree <= fresh.inodes
         and st.f_blocks == st.f_bfree
     )
     if not nothing_left:
-        empty_shm(where)
+        try:
+            ours = os.stat(where).st_dev == fresh.dev
+        except OSError:
+            ours = False
+        if ours:
+            empty_shm(where)
     return full
 
 

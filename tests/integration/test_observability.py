@@ -96,7 +96,9 @@ WORK = {
 
 def test_metrics_after_a_small_workload(fleet: Harness) -> None:
     port = free_port()
-    fleet.configure({"work": WORK}, metrics=f"127.0.0.1:{port}")
+    # pipeline 1: no job waits behind another in a worker (one sent behind the hang in its
+    # first 50 ms would come back, released, when the hang's worker is killed)
+    fleet.configure({"work": {**WORK, "pipeline": 1}}, metrics=f"127.0.0.1:{port}")
     ghost = fleet.enqueue("echo", {"ghost": True})
     [claimed] = fleet.store.claim(pool="work", kinds={"echo"}, n=1, node="ghost", lease=0.5)
     assert claimed.job_id == ghost  # a lease nobody extends: the reaper must return it
