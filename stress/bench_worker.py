@@ -3,7 +3,7 @@ as ``fleetd start`` runs it, with the pool options that cost a job something: a 
 /dev/shm when run as root, the deadline alarm, per-job peak RSS) is fed no-op ``RunJob``
 frames 32 at a time, at most 64 ahead of its results, as the supervisor's loop feeds a
 pipelining pool. The figures: jobs per second, and the worker's CPU time (user + system,
-from /proc) per job. With no supervisor, store or other worker competing for the cores, it
+psutil) per job. With no supervisor, store or other worker competing for the cores, it
 says what the worker's own per-job work costs, which end-to-end runs mix with everything
 else.
 
@@ -22,11 +22,13 @@ import socket
 import statistics
 import time
 
+import psutil
 from rich.console import Console
 from rich.table import Table
 
 from stress import fixtures
 from stress.arguments import positive_int
+from stress.bench_e2e import cpu_seconds
 from workers import protocol
 from workers.runtime import WorkerSpec, main
 
@@ -79,7 +81,8 @@ def _round(jobs: int) -> tuple[float, float]:
         ours.setblocking(False)
         reader = protocol.FrameReader()
         _results(ours, reader, 0)  # Ready
-        wall, cpu = time.perf_counter(), _cpu(pid)
+        worker = psutil.Process(pid)
+        wall, cpu = time.perf_counter(), cpu_seconds([worker])
         sent = done = 0
         deadline = time.time() + 3600
         while done < jobs:
@@ -94,7 +97,7 @@ def _round(jobs: int) -> tuple[float, float]:
                 sent += BATCH
                 continue
             done += _results(ours, reader, 1)
-        wall, cpu = time.perf_counter() - wall, _cpu(pid) - cpu
+        wall, cpu = time.perf_counter() - wall, cpu_seconds([worker]) - cpu
         ours.setblocking(True)
         ours.sendall(protocol.encode(protocol.Shutdown()))
     finally:
@@ -107,17 +110,11 @@ def _results(sock: socket.socket, reader: protocol.FrameReader, at_least: int) -
     """Wait for frames; how many results (JobDone) came, at least ``at_least`` (0: any frame)."""
     got = 0
     while True:
-        select.select([sock], [], [], 30.0)
+        if not select.select([sock], [], [], 30.0)[0]:
+            raise RuntimeError("no frame from the worker in 30 s")
         messages, eof = reader.drain(sock.fileno())
         if eof:
             raise RuntimeError("the worker exited")
         got += sum(isinstance(m, protocol.JobDone) for m in messages)
         if messages and got >= at_least:
             return got
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) ``pid`` has used (/proc/<pid>/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -287,8 +287,8 @@ def shm_after_job(fresh: ShmBaseline | None, where: str = SHM, slack: int = 1 <<
     when anything is there, when blocks are in use (a file deleted but still open holds
     them), and where the counts say nothing (none kept, or a root job remounted it with
     ``nr_inodes=0,size=0``: both read 0 then). Never emptied once /dev/shm is not the
-    tmpfs mounted for this worker (a root job unmounted it or mounted another over it):
-    what is there then may be the host's."""
+    tmpfs mounted for this worker (a root job unmounted it or mounted another over it), nor
+    when ``fresh`` is None (which one is ours is not known): what is there may be the host's."""
     try:
         st = os.statvfs(where)
     except OSError:
