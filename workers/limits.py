@@ -53,6 +53,7 @@ import os
 import re
 import resource
 import signal
+import time
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
@@ -61,10 +62,14 @@ POLICIES = ("data", "as", "off")  # which rlimit caps memory; "off" leaves it to
 _RESOURCES = {"data": ("RLIMIT_DATA", "VmData + VmStk"), "as": ("RLIMIT_AS", "VmSize")}
 PR_SET_PDEATHSIG = 1
 
-# Kept-open /proc/self files, by name: (pid, fd). The pid matters: an fd inherited across fork
-# still points at the *parent's* /proc entry (it would read its figures, or reset its peak), so
-# a child opens its own. Owned by the worker's main thread.
-_proc_fds: dict[str, tuple[int, int]] = {}
+# Kept-open /proc/self files, by name. Forgotten in a child at fork: an inherited fd still
+# points at the *parent's* /proc entry (it would read its figures, or reset its peak), so a
+# child opens its own (the inherited one is left open: it is the parent's). A hook, not a pid
+# check: that was two getpid system calls a job. A process forked by C code without Python's
+# hooks (no ``os.fork``) would keep them: the worker ends such a child when the handler that
+# made it returns (workers/runtime.py). Owned by the worker's main thread.
+_proc_fds: dict[str, int] = {}
+os.register_at_fork(after_in_child=_proc_fds.clear)
 _HWM = re.compile(rb"VmHWM:\s+(\d+)")
 
 
@@ -101,15 +106,14 @@ def _status_bytes(pattern: re.Pattern[bytes]) -> int | None:
 
 def _proc_fd(name: str, flags: int) -> int | None:
     """An fd on /proc/self/<name> opened by this process (see ``_proc_fds``), or None."""
-    pid = os.getpid()
-    kept = _proc_fds.get(name)
-    if kept is None or kept[0] != pid:
+    fd = _proc_fds.get(name)
+    if fd is None:
         try:
             fd = os.open(f"/proc/self/{name}", flags | os.O_CLOEXEC)
         except OSError:
             return None
-        _proc_fds[name] = kept = (pid, fd)  # an inherited fd is left open: it is the parent's
-    return kept[1]
+        _proc_fds[name] = fd
+    return fd
 
 
 # After a reset the peak is read with getrusage, one system call, where /proc/self/status took
@@ -392,14 +396,27 @@ class DeadlineAlarm:
             raise OSError(ctypes.get_errno(), "timer_create failed")
         self._settime = self._libc.timer_settime
         self._spec = _Itimerspec()
+        # when it fires (monotonic, read just before arming: it fires no earlier), or None
+        self.fires_at: float | None = None
 
     def arm(self, seconds: float) -> None:
         """Fire ``seconds`` from now (0 disarms)."""
+        self.fires_at = time.monotonic() + seconds if seconds > 0 else None
         whole = int(seconds)
         self._spec.it_value.tv_sec = whole
         self._spec.it_value.tv_nsec = int((seconds - whole) * 1e9)
         if self._settime(self._timer, 0, ctypes.byref(self._spec), None) != 0:
+            self.fires_at = None  # unknown: the next ``arm_between`` arms it again
             raise OSError(ctypes.get_errno(), "timer_settime failed")
+
+    def arm_between(self, seconds: float, slack: float) -> None:
+        """Fire between ``seconds`` and ``seconds + slack`` from now. The time already armed
+        is kept when it falls in that window, so a worker running short jobs makes the
+        system call (through ctypes, ~2 µs) once every ``slack`` seconds, not once a job."""
+        now = time.monotonic()
+        fires_at = self.fires_at
+        if fires_at is None or not now + seconds <= fires_at <= now + seconds + slack:
+            self.arm(seconds + slack)
 
 
 libc()  # at import, in the supervisor: see ``libc``

@@ -76,6 +76,7 @@ from workers.outcome import MAX_TEXT, Outcome, call
 MIB = 1024 * 1024
 NEAR_LIMIT = 7 / 8  # of memory_limit: RSS after a job above it replaces the worker
 ROOM_TO_GROW = 16 * MIB
+ALARM_SLACK = 0.5  # seconds the deadline alarm may fire after the backstop (arm_between)
 SHM_FULL = "filled its private /dev/shm"  # ... unless its first job left it closer to it than this
 
 
@@ -114,6 +115,9 @@ class WorkerSpec:
     # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
     # None: no alarm
     hard_deadline: float | None = None
+    # the pool has a soft_timeout window: the parent may send SOFT_TIMEOUT_SIGNAL, which the
+    # worker lets through while a handler runs (blocked otherwise, and always without one)
+    soft_timeout: bool = False
     # the supervisor's directory under which this worker makes its own for its command jobs'
     # folders (workers.scratch); the supervisor removes the worker's when it reaps it
     scratch_root: str | None = None
@@ -193,8 +197,7 @@ class _Worker:
         self.cap: limits.MemoryCap | None = None
         self.jobs_done = 0
         self.busy_title = False  # the title names a job
-        self.alarm: limits.DeadlineAlarm | None = None
-        self.alarm_armed = False  # the deadline alarm runs (disarmed before waiting for work)
+        self.alarm: limits.DeadlineAlarm | None = None  # disarmed before waiting for work
         self.rss_cap: int | None = spec.recycle_rss  # lowered after the first job
         self.pid = os.getpid()
         self.subreaper = False  # PR_SET_CHILD_SUBREAPER took
@@ -344,9 +347,8 @@ class _Worker:
     def _idle_title(self) -> None:
         """Say idle, unless the title already does (it is not rewritten between jobs); and
         disarm the deadline alarm (no job runs)."""
-        if self.alarm_armed:
+        if self.alarm is not None and self.alarm.fires_at is not None:
             self.alarm.arm(0)
-            self.alarm_armed = False
         if self.busy_title:
             proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
             self.busy_title = False
@@ -418,9 +420,9 @@ class _Worker:
             limits.reset_peak_rss()
         if self.alarm is not None and spec.hard_deadline is not None:
             # the kernel's backstop: a job past this dies with its worker even if the parent
-            # cannot kill it (stopped, descheduled, a bug); one system call a job
-            self.alarm.arm(spec.hard_deadline)
-            self.alarm_armed = True
+            # cannot kill it (stopped, descheduled, a bug). Up to ALARM_SLACK late, so that
+            # short jobs re-arm it once every ALARM_SLACK seconds, not one system call a job
+            self.alarm.arm_between(spec.hard_deadline, ALARM_SLACK)
         proctitle.set_title(proctitle.title_busy(spec.pool, spec.slot, job.job_id, job.kind, 0))
         self.busy_title = True
         token = context.bind(
@@ -429,8 +431,10 @@ class _Worker:
         try:
             if isinstance(handler, CommandHandler):
                 outcome = _run_command(handler, payload)  # its own deadline and kill ladder
-            else:
+            elif spec.soft_timeout:
                 outcome = call(_soft_timeout_window(handler), payload)
+            else:  # the parent never sends the soft signal: no mask to open (3 system calls)
+                outcome = call(handler, payload)
         finally:
             if os.getpid() != self.pid:
                 # A handler forked and its child returned here: two processes must never

@@ -295,6 +295,27 @@ def test_recycles_after_max_jobs_per_worker(spawn: Callable[..., Worker]) -> Non
     assert w.wait_exit() == exitcodes.RECYCLE
 
 
+def test_a_forked_child_reads_its_own_figures_not_its_parents() -> None:
+    """The kept /proc/self fds are forgotten at fork: one inherited still points at the
+    parent's entry, whose RSS would not grow with what the child allocates."""
+    assert limits.current_rss() is not None  # the fd is kept open here, in the parent
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child ends in os._exit
+        try:
+            before = limits.current_rss()
+            block = bytearray(100 * MIB)
+            block[::4096] = b"x" * len(block[::4096])
+            os.write(w, f"{before} {limits.current_rss()}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as pipe:
+        before, after = map(int, pipe.read().split())
+    os.waitpid(pid, 0)
+    assert after - before >= 90 * MIB, (before, after)
+
+
 def test_recycles_when_rss_stays_above_recycle_rss(spawn: Callable[..., Worker]) -> None:
     baseline = limits.current_rss() or 0
     w = spawn(recycle_rss=baseline + 64 * MIB)
@@ -565,7 +586,7 @@ def test_current_job_reaches_threads_the_handler_starts() -> None:
 
 
 def test_soft_timeout_signal_raises_inside_the_handler_only(spawn: Callable[..., Worker]) -> None:
-    w = spawn()
+    w = spawn(soft_timeout=True)
     w.ready()
     w.send(protocol.RunJob(1, "sleep", json.dumps({"seconds": 30}), 1, time.time() + 60, "t"))
     failed = None
@@ -578,6 +599,21 @@ def test_soft_timeout_signal_raises_inside_the_handler_only(spawn: Callable[...,
     w.send(protocol.RunJob(2, "echo", json.dumps({"a": 1}), 1, time.time() + 60, "t"))
     done = w.recv()
     assert isinstance(done, protocol.JobDone) and json.loads(done.result) == {"a": 1}
+
+
+def test_without_a_soft_window_the_soft_signal_never_reaches_a_handler(
+    spawn: Callable[..., Worker],
+) -> None:
+    """A pool without ``soft_timeout``: the parent never sends the signal, and the worker
+    keeps it blocked (no mask to open around each job); one sent anyway stays pending."""
+    w = spawn()
+    w.ready()
+    w.send(protocol.RunJob(1, "sleep", json.dumps({"seconds": 0.3}), 1, time.time() + 60, "t"))
+    os.kill(w.pid, protocol.SOFT_TIMEOUT_SIGNAL)
+    done = w.recv()
+    assert isinstance(done, protocol.JobDone), done
+    again = w.run("echo", {"a": 1})
+    assert isinstance(again, JobDone) and json.loads(again.result) == {"a": 1}
 
 
 def test_jobs_sent_ahead_run_in_order(spawn: Callable[..., Worker]) -> None:
