@@ -2,10 +2,18 @@
 tables in tests/unit/test_plans.py); the dispatcher gathers each worker's room and acts.
 
 A pool claims for its workers' free room plus ``prefetch``. For a pool of short jobs that
-pipelines (``depth`` > 1) room is what its workers may still be sent, and it claims a second
-pipeline's worth ahead, but only once half of what it wants is missing: one claim then serves
-dozens of jobs instead of one claim per finished job. A worker running a long job is left out
-by the caller (nothing goes behind it).
+pipelines (``depth`` > 1) room is what its workers may still be sent, and it claims
+``AHEAD_PIPELINES`` times its capacity (what its workers' pipelines hold) ahead, but only
+once half that capacity is missing: one claim then serves dozens of jobs instead of one
+claim per finished job. A worker running a long job is left out by the caller (nothing goes
+behind it).
+
+Why that far ahead: a claim is a round trip through the store process, which may first be
+writing results; on two loaded cores at ~24,000 no-op jobs a second its p90 was 4.8 ms, more
+than one pipeline's 4 ms of work (policy.PIPELINE_BUDGET), so with one pipeline ahead the
+workers ran dry while it was out (the host 15 % idle). Four pipelines ahead: ~+15 % jobs a
+second on SQLite (docs/benchmarks.md), a pool's worker holding ~16 ms of short jobs' leases
+in the parent's buffer, released at once by a drain.
 
 What a pipelining pool holds (queued in workers and buffered ahead) is at least
 ``HELD_AT_LEAST`` jobs, so a claim takes at least half that many: a claim's cost besides its
@@ -23,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 HELD_AT_LEAST = 64  # jobs a pipelining pool holds, at least (claims of half that, or more)
+AHEAD_PIPELINES = 4  # a pipelining pool's capacity claimed ahead of it (see above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +50,12 @@ def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: in
     >>> claim_size([Room(0, 1), Room(0, 1)], depth=1, prefetch=1, buffered=0)
     1
     >>> claim_size([Room(60, 4), Room(64, 0)], depth=64, prefetch=0, buffered=0)
-    252
-    >>> claim_size([Room(10, 54), Room(10, 54)], depth=64, prefetch=0, buffered=100)
+    636
+    >>> claim_size([Room(10, 54), Room(10, 54)], depth=64, prefetch=0, buffered=500)
     0
     >>> claim_size([Room(5, 0), Room(5, 0)], depth=5, prefetch=0, buffered=0)  # HELD_AT_LEAST
-    74
-    >>> claim_size([Room(0, 1), Room(1, 0)], depth=36, prefetch=0, buffered=63)  # fed: wait
+    266
+    >>> claim_size([Room(0, 1), Room(1, 0)], depth=36, prefetch=0, buffered=255)  # fed: wait
     0
     """
     taking = [r for r in rooms if r.free > 0 or r.held]
@@ -54,7 +63,7 @@ def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: in
     if depth > 1 and taking:  # a pipelining pool holds at least HELD_AT_LEAST (see above)
         capacity = max(capacity, HELD_AT_LEAST)
     room = sum(r.free for r in taking)
-    ahead = prefetch + (capacity if depth > 1 else 0)
+    ahead = prefetch + (AHEAD_PIPELINES * capacity if depth > 1 else 0)
     want = room + ahead - buffered
     # one rule for busy and idle workers: a worker with nothing to do that the buffer cannot
     # feed means more than the capacity is missing, so it is claimed for at once; one the

@@ -8,8 +8,9 @@
 
 Every store call is a message to a store process (run/storelink.py) answered later through the
 loop: one claim per pool is in flight at a time; its reply fills the buffer and hands out at
-once. On PostgreSQL an idle pool arms its claim in the store process, which runs it when a
-NOTIFY names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and ``DISARM`` adjust it).
+once. An idle pool arms its claim in the store process, which runs it when a wake-up (a
+NOTIFY, a datagram on SQLite) names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and
+``DISARM`` adjust it).
 
 Claims pass the pool's fleet-wide caps and its order between tenants (``ClaimLimits``: fair
 share and weights) and retry budget to the store, which enforces them for every host at once;
@@ -138,8 +139,8 @@ class Dispatcher:
         """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
         worker that holds nothing, or, for a pool that pipelines (short jobs), what its
         workers may still be sent (none behind a job running long); such a pool also claims
-        a second pipeline's worth ahead, and only once half of what it wants is missing, so
-        one claim serves many jobs. One claim per pool is in flight at a time."""
+        several pipelines' worth ahead, and only once half its capacity is missing, so one
+        claim serves many jobs (supervisor/plans.py). One claim per pool is in flight at a time."""
         if pool.name in self.claiming or pool.paused:  # paused: nothing of it starts
             return
         if now < pool.rate_gate():  # no token yet: the reply of the last claim said when
@@ -165,8 +166,8 @@ class Dispatcher:
             return
         due = self.retries_due[pool.name]
         # a pool whose last claim found nothing arms its next one in the store process, which
-        # runs it the moment a NOTIFY names the pool (or when its poll is due): the pickup
-        # saves a round trip to the loop (PostgreSQL; capped pools wake on freed room here)
+        # runs it the moment a wake-up names the pool (or when its poll is due): the pickup
+        # saves a round trip to the loop (capped pools wake on freed room here)
         arm = (
             now < pool.next_poll_at
             and pool.empty_claims > 0

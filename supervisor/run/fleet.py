@@ -107,13 +107,14 @@ class Fleet:
         # for the database: ``link`` for the jobs (claims, extends, results; LISTEN), and
         # ``chores`` for what may take long (the reaper and its VACUUM, prune, the figures,
         # the node row), so an extend never queues behind a slow chore
-        self.link = link or ProcessLink(
-            config.database, title=config.name, listen=store.dialect != "sqlite"
-        )
+        self.link = link or ProcessLink(config.database, title=config.name, listen=True)
         self.chores = link or ProcessLink(
             config.database, title=f"{config.name} chores", listen=False
         )
         self.processes = [p for p in (self.link, self.chores) if isinstance(p, ProcessLink)]
+        # wake-ups reach the link's store process (LISTEN; SQLite's datagram socket), which
+        # runs an armed claim at once: the loop binds SQLite's socket itself only without one
+        self.loop_wakes = store.dialect == "sqlite" and not isinstance(self.link, ProcessLink)
         self.clock = clock or SystemClock()
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.pid = os.getpid()
@@ -216,7 +217,7 @@ class Fleet:
         self.memcg.start()
         if self.metrics is not None:
             self.metrics.attach(self.loop)
-        if self.store.dialect == "sqlite":  # a local socket; PostgreSQL's LISTEN is the link's
+        if self.loop_wakes:
             self.connect_waker(self.clock.monotonic())
         if self.processes:
             self.store.close()  # no connection of the parent's may be shared with a fork
@@ -317,7 +318,7 @@ class Fleet:
                 due.append(max(pool.next_spawn_at, self.forker_due_at()))
         if self.drain.phase == DrainPhase.FINISHING:
             due.append(self.drain.deadline)
-        if self.waker is None and self.store.dialect == "sqlite":
+        if self.waker is None and self.loop_wakes:
             due.append(self.next_waker_at)
         if (controls_at := self.controls.due_at()) is not None:
             due.append(controls_at)
@@ -809,7 +810,7 @@ class Fleet:
             self.dispatcher.claim(self.pools[name], now)
 
     def publish(self, now: float) -> None:
-        if self.waker is None and self.store.dialect == "sqlite" and now >= self.next_waker_at:
+        if self.waker is None and self.loop_wakes and now >= self.next_waker_at:
             self.connect_waker(now)
         self.pinger.tick(self.pools.values(), now)
         if self.metrics is not None:

@@ -2,7 +2,7 @@
 
     loop (parent) ──submit(call, args, on_reply)──> socket ──> store process: open_store(url)
          ^                                                        │ runs calls in order, one
-         └──── on_reply(Reply) ── selector callback <── socket <──┘ at a time; LISTEN too
+         └──── on_reply(Reply) ── selector callback <── socket <──┘ at a time; wake-ups too
 
 Every store call of the running supervisor goes through a link. ``ProcessLink`` hands it to a
 process of the supervisor's own, forked at boot, which holds the database connections and runs
@@ -45,8 +45,8 @@ log = logging.getLogger("fleetd.store")
 
 CALL_LIMIT = 90.0  # seconds a call may stay unanswered before the store process is replaced
 SLOW_CALL = 1.0  # seconds: a call that took longer is logged by the store process
-# an armed claim (PostgreSQL): run by the store process the moment a NOTIFY names its pool,
-# or when the pool's poll is due, whichever is first; DISARM runs every armed claim now
+# an armed claim: run by the store process the moment a wake-up (NOTIFY, SQLite's datagram)
+# names its pool, or when the pool's poll is due, whichever is first; DISARM runs them all now
 ARMED_CLAIM = "claim_on_wake"
 DISARM = "disarm"
 FIRE = "fire"  # run one pool's armed claim now
@@ -136,7 +136,7 @@ class ProcessLink:
     def __init__(self, database: str, *, title: str, listen: bool) -> None:
         self.database = database
         self.title = title
-        self.listen = listen  # the store process LISTENs and forwards wake-ups (PostgreSQL)
+        self.listen = listen  # the store process takes the wake-ups and forwards them
         self.on_wake: Callable[[set[str]], None] = lambda pools: None
         self.pid: int | None = None
         self.sock: socket.socket | None = None
@@ -456,7 +456,8 @@ def _reply(sock: socket.socket, req_id: int, payload: Any) -> None:
 
 
 class _Listener:
-    """The store process's LISTEN connection (PostgreSQL), reconnected when lost."""
+    """The store process's wake-up channel (PostgreSQL's LISTEN connection, SQLite's datagram
+    socket: supervisor/store/wake.py), made again when lost."""
 
     def __init__(self, store: Any) -> None:
         self.store = store

@@ -24,24 +24,24 @@ def test_doctests_pass() -> None:
         ([Room(1, 0), Room(0, 1)], 1, 2, 3, 0),
         ([Room(0, 1), Room(0, 1)], 1, 0, 0, 0),  # all busy, no prefetch: nothing
         ([], 1, 1, 0, 1),  # every worker behind a long job: prefetch alone
-        # pipelining (depth 64): room plus a pipeline's worth ahead
-        ([Room(64, 0), Room(64, 0)], 64, 0, 0, 256),
+        # pipelining (depth 64): room plus four pipelines' worth ahead (AHEAD_PIPELINES)
+        ([Room(64, 0), Room(64, 0)], 64, 0, 0, 640),
         # a worker with nothing to do always gets its share at once
-        ([Room(64, 0), Room(4, 60)], 64, 0, 0, 196),
-        # both busy, a pipeline buffered: less than half the capacity wanted, so wait
-        ([Room(20, 44), Room(20, 44)], 64, 0, 110, 0),
-        # ... until half of what they want is missing
-        ([Room(40, 24), Room(40, 24)], 64, 0, 50, 158),
-        # a shallow pipeline (depth 5) still holds HELD_AT_LEAST (64) jobs: room plus 64 ahead
-        ([Room(5, 0), Room(5, 0)], 5, 0, 0, 74),
-        ([Room(2, 3), Room(2, 3)], 5, 0, 50, 0),  # 18 missing: fewer than half of 64
-        ([Room(3, 2), Room(3, 2)], 5, 0, 30, 40),  # 40 missing: one claim of 40
+        ([Room(64, 0), Room(4, 60)], 64, 0, 0, 580),
+        # both busy, their buffer full but for 52: less than half a pipeline's worth, so wait
+        ([Room(20, 44), Room(20, 44)], 64, 0, 500, 0),
+        # ... until half of it is missing
+        ([Room(40, 24), Room(40, 24)], 64, 0, 480, 112),
+        # a shallow pipeline (depth 5) still holds HELD_AT_LEAST (64) jobs: room plus 4 x 64
+        ([Room(5, 0), Room(5, 0)], 5, 0, 0, 266),
+        ([Room(2, 3), Room(2, 3)], 5, 0, 230, 0),  # 30 missing: fewer than half of 64
+        ([Room(3, 2), Room(3, 2)], 5, 0, 222, 40),  # 40 missing: one claim of 40
         ([Room(1, 0), Room(0, 1)], 1, 0, 0, 1),  # one job at a time: no floor
         # fresh workers (one job each) of short jobs: a booted worker that the buffer feeds
         # waits for half of what is held to be missing, like a busy one
-        ([Room(0, 1), Room(1, 0)], 36, 0, 63, 0),
-        ([Room(0, 1), Room(1, 0), Room(1, 0)], 36, 0, 1, 65),  # two empty, one buffered: now
-        ([Room(0, 1), Room(1, 0)], 36, 0, 33, 32),
+        ([Room(0, 1), Room(1, 0)], 36, 0, 255, 0),
+        ([Room(0, 1), Room(1, 0), Room(1, 0)], 36, 0, 1, 257),  # two empty, one buffered: now
+        ([Room(0, 1), Room(1, 0)], 36, 0, 225, 32),
     ],
 )
 def test_claim_size(rooms: list[Room], depth: int, prefetch: int, buffered: int, want: int) -> None:
