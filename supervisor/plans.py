@@ -11,9 +11,12 @@ behind it).
 Why that far ahead: a claim is a round trip through the store process, which may first be
 writing results; on two loaded cores at ~24,000 no-op jobs a second its p90 was 4.8 ms, more
 than one pipeline's 4 ms of work (policy.PIPELINE_BUDGET), so with one pipeline ahead the
-workers ran dry while it was out (the host 15 % idle). Four pipelines ahead: ~+15 % jobs a
-second on SQLite (docs/benchmarks.md), a pool's worker holding ~16 ms of short jobs' leases
-in the parent's buffer, released at once by a drain.
+workers ran dry while it was out (the host 15 % idle). Four pipelines ahead: more no-op jobs a
+second on SQLite (docs/benchmarks.md, "Claiming further ahead"), each worker's share of the
+buffer ~16 ms of short jobs (their leases held meanwhile, released at once by a drain). The
+floor below is not multiplied: a shallow pipeline's jobs are the longer ones. A fair pool
+keeps one pipeline ahead: its order between tenants is decided at the claim, and a tenant
+that arrives waits behind what is already claimed.
 
 What a pipelining pool holds (queued in workers and buffered ahead) is at least
 ``HELD_AT_LEAST`` jobs, so a claim takes at least half that many: a claim's cost besides its
@@ -42,8 +45,16 @@ class Room:
     held: int
 
 
-def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: int) -> int:
-    """Jobs to claim now (0: none) for workers with ``rooms``, ``buffered`` already claimed.
+def claim_size(
+    rooms: Sequence[Room],
+    *,
+    depth: int,
+    prefetch: int,
+    buffered: int,
+    pipelines_ahead: int = AHEAD_PIPELINES,
+) -> int:
+    """Jobs to claim now (0: none) for workers with ``rooms``, ``buffered`` already claimed;
+    a pipelining pool claims ``pipelines_ahead`` times its pipelines ahead.
 
     >>> claim_size([Room(1, 0), Room(1, 0)], depth=1, prefetch=0, buffered=0)
     2
@@ -54,16 +65,19 @@ def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: in
     >>> claim_size([Room(10, 54), Room(10, 54)], depth=64, prefetch=0, buffered=500)
     0
     >>> claim_size([Room(5, 0), Room(5, 0)], depth=5, prefetch=0, buffered=0)  # HELD_AT_LEAST
-    266
-    >>> claim_size([Room(0, 1), Room(1, 0)], depth=36, prefetch=0, buffered=255)  # fed: wait
+    74
+    >>> claim_size([Room(0, 1), Room(1, 0)], depth=36, prefetch=0, buffered=63)  # fed: wait
     0
     """
     taking = [r for r in rooms if r.free > 0 or r.held]
-    capacity = sum(r.free + r.held for r in taking)
+    pipelines = sum(r.free + r.held for r in taking)
+    capacity = pipelines
     if depth > 1 and taking:  # a pipelining pool holds at least HELD_AT_LEAST (see above)
         capacity = max(capacity, HELD_AT_LEAST)
     room = sum(r.free for r in taking)
-    ahead = prefetch + (AHEAD_PIPELINES * capacity if depth > 1 else 0)
+    # ahead: AHEAD_PIPELINES times what the pipelines hold (so a few of PIPELINE_BUDGET's
+    # 4 ms of work a worker), not times the floor: a shallow pipeline's jobs take longer
+    ahead = prefetch + (max(pipelines_ahead * pipelines, capacity) if depth > 1 else 0)
     want = room + ahead - buffered
     # one rule for busy and idle workers: a worker with nothing to do that the buffer cannot
     # feed means more than the capacity is missing, so it is claimed for at once; one the

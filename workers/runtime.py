@@ -115,9 +115,6 @@ class WorkerSpec:
     # a backstop behind the parent's own kill, which comes earlier (timeout, soft window).
     # None: no alarm
     hard_deadline: float | None = None
-    # the pool has a soft_timeout window: the parent may send SOFT_TIMEOUT_SIGNAL, which the
-    # worker lets through while a handler runs (blocked otherwise, and always without one)
-    soft_timeout: bool = False
     # the supervisor's directory under which this worker makes its own for its command jobs'
     # folders (workers.scratch); the supervisor removes the worker's when it reaps it
     scratch_root: str | None = None
@@ -431,10 +428,8 @@ class _Worker:
         try:
             if isinstance(handler, CommandHandler):
                 outcome = _run_command(handler, payload)  # its own deadline and kill ladder
-            elif spec.soft_timeout:
+            else:
                 outcome = call(_soft_timeout_window(handler), payload)
-            else:  # the parent never sends the soft signal: no mask to open (3 system calls)
-                outcome = call(handler, payload)
         finally:
             if os.getpid() != self.pid:
                 # A handler forked and its child returned here: two processes must never
@@ -547,8 +542,12 @@ def _peak(outcome: Outcome) -> int | None:
     return peak
 
 
+_in_handler = False  # a handler runs in the main thread: the soft signal raises only then
+
+
 def _raise_soft_timeout(signum: int, frame: object) -> None:
-    raise SoftTimeout("the job ran past its timeout; the worker is killed shortly")
+    if _in_handler:
+        raise SoftTimeout("the job ran past its timeout; the worker is killed shortly")
 
 
 def _run_command(handler: CommandHandler, payload: Any) -> Outcome:
@@ -563,31 +562,33 @@ def _run_command(handler: CommandHandler, payload: Any) -> Outcome:
 
 
 def _soft_timeout_window(handler: Handler) -> Handler:
-    """Accept the parent's soft-timeout signal only while the handler itself runs.
+    """Raise ``SoftTimeout`` for the parent's soft-timeout signal only while the handler
+    itself runs.
 
-    The signal stays blocked between jobs; one that arrives too late (the handler already
-    returned) stays pending and is dropped before the next handler starts."""
-    sigs = {protocol.SOFT_TIMEOUT_SIGNAL}
+    The signal is never blocked (a mask would be inherited by the threads and programs a
+    handler starts, and opening and closing it cost three system calls a job): one that
+    arrives between jobs, too late for the job it was meant for, interrupts at most a read
+    or a write, which is resumed, and is ignored. One that arrives while the handler runs
+    raises inside it, or in this wrapper right after it returns (Python runs signal handlers
+    between bytecodes): either way within ``call``, so the job fails as ``timeout``."""
 
     def run(payload: Any) -> Any:
-        # one sent between jobs (blocked, so pending), for the previous job: drop it
-        signal.sigtimedwait(sigs, 0)
-        _sigmask(signal.SIG_UNBLOCK, sigs)
+        global _in_handler
+        _in_handler = True
         try:
             return handler(payload)
         finally:
-            _sigmask(signal.SIG_BLOCK, sigs)
+            _in_handler = False
 
     return run
 
 
 # signal.pthread_sigmask turns the old mask it returns into a set of Signals members: three
-# times the cost of the system call, twice per job. The C function underneath does not.
+# times the cost of the system call. The C function underneath does not.
 _sigmask = getattr(_signal, "pthread_sigmask", signal.pthread_sigmask)
 
 
 _SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals()))
-_WORKER_MASK = frozenset({protocol.SOFT_TIMEOUT_SIGNAL})  # unblocked only while a handler runs
 
 # What the parent's signal setup left that a worker must undo, when the parent knows it
 # (``prepare_forker``): the signals it has Python handlers for, and whether it has a wake-up
@@ -612,7 +613,7 @@ def _reset_signals() -> None:
     _signal.signal(signal.SIGTERM, _signal.SIG_IGN)
     _signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, _raise_soft_timeout)
     _signal.signal(protocol.CANCEL_SIGNAL, context.note_cancel)  # sets a flag; never raises
-    _sigmask(signal.SIG_SETMASK, _WORKER_MASK)
+    _sigmask(signal.SIG_SETMASK, ())
 
 
 def _python_handled() -> tuple[int, ...]:

@@ -40,7 +40,7 @@ from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.model import ErrorKind, Failure, Lease, RetryBudget
-from supervisor.plans import Room, claim_size
+from supervisor.plans import AHEAD_PIPELINES, Room, claim_size
 from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import ExitVerdict, job_verdicts
@@ -94,7 +94,7 @@ class Dispatcher:
             self.retries_due[name] = []
         self.claiming: set[str] = set()  # pools with a claim in flight
         self.woken: set[str] = set()  # pools woken while their claim was in flight
-        self.armed: set[str] = set()  # pools whose claim waits in the store for a NOTIFY
+        self.armed: set[str] = set()  # pools whose claim waits in the store for a wake-up
         self.draining = False  # nothing more is handed out; late claims go back at once
 
     @property
@@ -159,7 +159,15 @@ class Dispatcher:
         buffered = len(self.buffer[pool.name])
         # slots run what they are sent: nothing is claimed ahead of them (a lease held idle)
         ahead = 1 if pool.config.slots > 1 else depth
-        want = claim_size(rooms, depth=ahead, prefetch=pool.config.prefetch, buffered=buffered)
+        want = claim_size(
+            rooms,
+            depth=ahead,
+            prefetch=pool.config.prefetch,
+            buffered=buffered,
+            # the fair order is decided at the claim: a tenant that arrives waits behind
+            # what is claimed, so a fair pool claims one pipeline ahead, not AHEAD_PIPELINES
+            pipelines_ahead=1 if pool.limits.fair else AHEAD_PIPELINES,
+        )
         if not want:
             return
         if now < self.health.retry_at:

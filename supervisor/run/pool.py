@@ -217,7 +217,6 @@ class Pool:
             user=c.user,
             group=c.group,
             hard_deadline=c.timeout + (c.soft_timeout or 0.0) + HARD_DEADLINE_GRACE,
-            soft_timeout=bool(c.soft_timeout),
             private_shm=c.private_shm,
             scratch_root=self.scratch_root,
             end_job_tree=c.ends_job_tree,

@@ -51,9 +51,10 @@ ARMED_CLAIM = "claim_on_wake"
 DISARM = "disarm"
 FIRE = "fire"  # run one pool's armed claim now
 RETIME = "retime"  # bring one pool's armed claim's deadline forward
+WAKE_EVERY = 0.002  # seconds of calls after which the store process reads its wake-ups
 RESPAWN_BACKOFF = (0.2, 5.0)  # first and longest wait before forking a dead store process again
 _HEADER = struct.Struct("!I")
-_WAKE = -1  # request id of an unsolicited message: pools named by a NOTIFY
+_WAKE = -1  # request id of an unsolicited message: pools named by a wake-up
 _CHUNK = 64 << 10  # bytes one read of the socket takes at most (a longer frame: several)
 
 
@@ -226,7 +227,7 @@ class ProcessLink:
 
     @property
     def arms_claims(self) -> bool:
-        """Whether a claim may wait in the store process for a NOTIFY (``ARMED_CLAIM``)."""
+        """Whether a claim may wait in the store process for a wake-up (``ARMED_CLAIM``)."""
         return self.listen
 
     def submit(self, call: str, *args: Any, on_reply: OnReply, **kwargs: Any) -> None:
@@ -402,6 +403,19 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
         req_id, claim, _ = armed.pop(pool)
         run(req_id, "claim_rows", (), claim)
 
+    drained_at = 0.0
+
+    def take_wakeups() -> None:
+        """Run the armed claims of the pools a wake-up names; forward the rest to the loop."""
+        nonlocal drained_at
+        drained_at = time.monotonic()
+        pools = waker.drain(sel)
+        forward = pools - armed.keys()  # before firing: a fired pool needs no wake
+        for pool in pools & armed.keys():
+            fire(pool)  # the claim runs here, a round trip to the loop sooner
+        if forward:
+            _reply(sock, _WAKE, forward)
+
     try:
         while True:
             if waker is not None:
@@ -414,12 +428,7 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
                 if key.fileobj is sock and not _receive(sock, inbox, chunk):
                     return 0  # the loop closed its end: done
             if waker is not None:
-                pools = waker.drain(sel)
-                forward = pools - armed.keys()  # before firing: a fired pool needs no wake
-                for pool in pools & armed.keys():
-                    fire(pool)  # the claim runs here, a round trip to the loop sooner
-                if forward:
-                    _reply(sock, _WAKE, forward)
+                take_wakeups()
             now = time.monotonic()
             for pool in [p for p, (_, _, deadline) in armed.items() if deadline <= now]:
                 fire(pool)  # its poll is due: claim whether or not a wake-up came
@@ -442,6 +451,10 @@ def _serve(sock: socket.socket, database: str, title: str, listen: bool, parent:
                     run(req_id, "claim_rows_none", (), {})
                 else:
                     run(req_id, call, args, kwargs)
+                if waker is not None and time.monotonic() - drained_at > WAKE_EVERY:
+                    # also between calls: SQLite's datagram socket queues ten wake-ups, and
+                    # an enqueuer that finds it full drops its own (a poll later)
+                    take_wakeups()
     except (BrokenPipeError, ConnectionResetError):
         return 0
     finally:

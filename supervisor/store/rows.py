@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import bindparam, tuple_
 
@@ -117,7 +117,11 @@ def lease_pairs(leases: Sequence[Lease]) -> list[tuple[int, str]]:
     return [(x.job_id, x.token) for x in leases]
 
 
-def chunks(ids: Sequence[int]) -> Iterator[Sequence[int]]:
-    """``ids`` in slices of at most ``BATCH``, one statement each."""
+T = TypeVar("T")
+
+
+def chunks(ids: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``ids`` (or leases: two bound values each) in slices of at most ``BATCH``, one
+    statement each."""
     for start in range(0, len(ids), BATCH):
         yield ids[start : start + BATCH]

@@ -504,15 +504,18 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
         )
 
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]:
-        """Push the leases' expiry to now + ``lease`` in one statement; return the leases that
-        were NOT extended (lost: taken over, reaped or finished) so their workers can be killed."""
+        """Push the leases' expiry to now + ``lease`` (a statement per ``BATCH``); return the
+        leases NOT extended (lost: taken over, reaped or finished) so their workers can be
+        killed."""
         if not leases:
             return []
-        with self._auto() as conn:
-            rows = self._exec(
-                conn, self._extend_stmt, {"leases": lease_pairs(leases), "lease": lease}
-            )
-            kept = {Lease(r.id, r.lease_token) for r in rows}
+        kept: set[Lease] = set()
+        with self._auto() as conn:  # a statement a chunk: a host holds thousands at most
+            for part in chunks(leases):
+                params = {"leases": lease_pairs(part), "lease": lease}
+                kept.update(
+                    Lease(r.id, r.lease_token) for r in self._exec(conn, self._extend_stmt, params)
+                )
         return [lease_ for lease_ in leases if lease_ not in kept]
 
     @cached_property
@@ -569,8 +572,11 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
     def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
         """Those of ``leases`` still valid (job leased under that token), their rows locked for
         this transaction (SQLite's write lock is already held; PostgreSQL locks the rows)."""
-        rows = conn.execute(_OWNED_STMT, {"leases": lease_pairs(leases)})
-        return {Lease(r.id, r.lease_token) for r in rows}
+        owned: set[Lease] = set()
+        for part in chunks(leases):
+            rows = conn.execute(_OWNED_STMT, {"leases": lease_pairs(part)})
+            owned.update(Lease(r.id, r.lease_token) for r in rows)
+        return owned
 
     @cached_property
     def _ack_raw(self) -> driver.Raw:
@@ -664,7 +670,11 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
         if not leases:
             return []
         with self._tx() as conn:  # a transaction: a cancelled job's wake-up goes in it
-            rows = self._exec(conn, self._release_stmt, {"leases": lease_pairs(leases)}).all()
+            rows = [
+                row
+                for part in chunks(leases)
+                for row in self._exec(conn, self._release_stmt, {"leases": lease_pairs(part)})
+            ]
             ended = [r.id for r in rows if r.state == CANCELLED]
             self._finals_in_tx(conn, ended)
         self._finals_committed(ended)

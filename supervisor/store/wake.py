@@ -98,7 +98,7 @@ def _send(sock: socket.socket, data: bytes, target: Path) -> bool:
         if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
             with contextlib.suppress(OSError):
                 target.unlink()  # its supervisor is gone
-        return False  # EAGAIN: its queue is full, it is awake anyway
+        return False  # EAGAIN: ten wake-ups wait there already (it reads them between calls)
 
 
 class PostgresWaker:

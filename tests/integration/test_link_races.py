@@ -432,42 +432,40 @@ def test_the_loop_sleeps_while_the_scaler_and_the_reaper_wait_for_figures(made) 
     assert fleet.next_timeout() > 1.0
 
 
-@pytest.mark.postgres
-def test_an_armed_claim_runs_when_a_notify_names_its_pool(tmp_path: Path) -> None:
-    """PostgreSQL: a claim armed in the store process waits for a NOTIFY of its pool (or its
-    poll), and runs the moment one comes: the job is claimed without a round trip to the
-    loop. DISARM runs every armed claim at once (a drain)."""
+def test_an_armed_claim_runs_when_a_wake_up_names_its_pool(db_url: str) -> None:
+    """A claim armed in the store process waits for a wake-up of its pool (PostgreSQL's
+    NOTIFY, SQLite's datagram) or its poll, and runs the moment one comes: the job is
+    claimed without a round trip to the loop. DISARM runs every armed claim at once (a
+    drain)."""
     from supervisor.run.storelink import ARMED_CLAIM, DISARM
-    from tests.support.databases import database_url
 
-    with database_url("postgres", tmp_path) as url:
-        store = open_store(url)
-        link = ProcessLink(url, title="t", listen=True)
-        link.start(lambda: None)
-        try:
-            # a pool of its own: NOTIFY's channel is database-wide, other tests' pools too
-            pool = f"armed-{uuid.uuid4().hex[:8]}"
-            claim = {"pool": pool, "kinds": ["noop"], "n": 1, "node": "n1", "lease": 30.0}
-            got: list[Any] = []
-            link.submit(ARMED_CLAIM, pool, 30.0, on_reply=got.append, **claim)
-            behind: list[Any] = []  # answered in order: once it is, the claim is armed
-            link.submit("claim_rows_none", on_reply=behind.append)
-            while not behind:
-                link.wait_idle(0.05)
-            assert got == []  # armed, nothing to claim yet
-            (jid,) = store.enqueue_many([NewJob("noop", pool, "{}", 1)])  # its NOTIFY fires it
-            t0 = time.monotonic()
-            assert link.wait_idle(5.0)
-            assert time.monotonic() - t0 < 1.0, "ran at the NOTIFY, not at its 30 s poll"
-            assert [row[0] for row in got[0].value] == [jid]
+    store = open_store(db_url)
+    link = ProcessLink(db_url, title="t", listen=True)
+    link.start(lambda: None)
+    try:
+        # a pool of its own: NOTIFY's channel is database-wide, other tests' pools too
+        pool = f"armed-{uuid.uuid4().hex[:8]}"
+        claim = {"pool": pool, "kinds": ["noop"], "n": 1, "node": "n1", "lease": 30.0}
+        got: list[Any] = []
+        link.submit(ARMED_CLAIM, pool, 30.0, on_reply=got.append, **claim)
+        behind: list[Any] = []  # answered in order: once it is, the claim is armed
+        link.submit("claim_rows_none", on_reply=behind.append)
+        while not behind:
+            link.wait_idle(0.05)
+        assert got == []  # armed, nothing to claim yet
+        (jid,) = store.enqueue_many([NewJob("noop", pool, "{}", 1)])  # its wake-up fires it
+        t0 = time.monotonic()
+        assert link.wait_idle(5.0)
+        assert time.monotonic() - t0 < 1.0, "ran at the wake-up, not at its 30 s poll"
+        assert [row[0] for row in got[0].value] == [jid]
 
-            late: list[Any] = []
-            link.submit(ARMED_CLAIM, pool, 30.0, on_reply=late.append, **claim)
-            link.submit(DISARM, on_reply=lambda reply: None)
-            assert link.wait_idle(5.0) and late[0].value == []
-        finally:
-            link.close(2.0)
-            store.close()
+        late: list[Any] = []
+        link.submit(ARMED_CLAIM, pool, 30.0, on_reply=late.append, **claim)
+        link.submit(DISARM, on_reply=lambda reply: None)
+        assert link.wait_idle(5.0) and late[0].value == []
+    finally:
+        link.close(2.0)
+        store.close()
 
 
 class ArmLink(DeferLink):

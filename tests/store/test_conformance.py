@@ -12,6 +12,7 @@ from supervisor.clock import FakeClock
 from supervisor.errors import JobNotFound, NotDead, StoreError
 from supervisor.model import Ack, ErrorKind, Failure, JobState, Lease, NewJob
 from supervisor.store import open_store
+from supervisor.store.rows import BATCH
 from tests.support.databases import postgres_schema_url
 
 
@@ -198,6 +199,26 @@ def test_release_hands_back_at_once_without_counting(store, clock):
     assert row.state is JobState.QUEUED and row.attempts == 0 and row.available_at == clock.now()
     assert store.release([c.lease]) == []  # second release: no longer ours
     assert [x.attempt for x in claim(store)] == [1]
+
+
+def test_more_leases_than_one_statement_binds_are_extended_acked_and_released(store, clock):
+    """A host may hold thousands of leases (pipelines and the buffer ahead): extend, the ack's
+    ownership check and release go a statement per ``BATCH`` (PostgreSQL binds at most 65,535
+    values a statement, SQLite's default build 32,766)."""
+    n = 2 * BATCH + 7
+    store.enqueue_many([job() for _ in range(n)])
+    held = claim(store, n=n, lease=10)
+    assert len(held) == n
+    clock.advance(5)
+    forged = Lease(held[-1].job_id, "not-the-token")
+    assert store.extend([*(c.lease for c in held), forged], lease=10) == [forged]
+    assert all(store.get(c.job_id).extensions == 1 for c in (held[0], held[BATCH], held[-1]))
+    acked, released = held[: BATCH + 3], held[BATCH + 3 :]
+    stale = Ack(Lease(released[0].job_id, "stale"))  # makes the ack check every lease
+    assert store.ack([*(Ack(c.lease) for c in acked), stale]) == [stale.lease]
+    assert store.get(acked[-1].job_id).state is JobState.DONE
+    assert store.release([c.lease for c in released]) == sorted(c.job_id for c in released)
+    assert store.get(released[-1].job_id).state is JobState.QUEUED
 
 
 def test_reap_requeues_expired_leases_and_dead_letters_at_the_limit(store, clock):

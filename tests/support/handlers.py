@@ -243,6 +243,8 @@ def whoami(payload: Payload) -> dict[str, Any]:
         "deadline": ctx.deadline,
         "pool": ctx.pool,
         "title": title,
+        # what the threads and programs it starts inherit blocked
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     }
 
 

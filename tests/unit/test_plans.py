@@ -32,17 +32,28 @@ def test_doctests_pass() -> None:
         ([Room(20, 44), Room(20, 44)], 64, 0, 500, 0),
         # ... until half of it is missing
         ([Room(40, 24), Room(40, 24)], 64, 0, 480, 112),
-        # a shallow pipeline (depth 5) still holds HELD_AT_LEAST (64) jobs: room plus 4 x 64
-        ([Room(5, 0), Room(5, 0)], 5, 0, 0, 266),
-        ([Room(2, 3), Room(2, 3)], 5, 0, 230, 0),  # 30 missing: fewer than half of 64
-        ([Room(3, 2), Room(3, 2)], 5, 0, 222, 40),  # 40 missing: one claim of 40
+        # a shallow pipeline (depth 5) still holds HELD_AT_LEAST (64) jobs: room plus 64
+        # ahead (the floor, not four times it: 4 x 10 is less)
+        ([Room(5, 0), Room(5, 0)], 5, 0, 0, 74),
+        ([Room(2, 3), Room(2, 3)], 5, 0, 50, 0),  # 18 missing: fewer than half of 64
+        ([Room(3, 2), Room(3, 2)], 5, 0, 30, 40),  # 40 missing: one claim of 40
+        # a deeper one past the floor: four times its pipelines ahead (4 x 20 = 80)
+        ([Room(10, 0), Room(10, 0)], 10, 0, 0, 100),
         ([Room(1, 0), Room(0, 1)], 1, 0, 0, 1),  # one job at a time: no floor
         # fresh workers (one job each) of short jobs: a booted worker that the buffer feeds
         # waits for half of what is held to be missing, like a busy one
-        ([Room(0, 1), Room(1, 0)], 36, 0, 255, 0),
-        ([Room(0, 1), Room(1, 0), Room(1, 0)], 36, 0, 1, 257),  # two empty, one buffered: now
-        ([Room(0, 1), Room(1, 0)], 36, 0, 225, 32),
+        ([Room(0, 1), Room(1, 0)], 36, 0, 63, 0),
+        ([Room(0, 1), Room(1, 0), Room(1, 0)], 36, 0, 1, 65),  # two empty, one buffered: now
+        ([Room(0, 1), Room(1, 0)], 36, 0, 33, 32),
     ],
 )
 def test_claim_size(rooms: list[Room], depth: int, prefetch: int, buffered: int, want: int) -> None:
     assert claim_size(rooms, depth=depth, prefetch=prefetch, buffered=buffered) == want
+
+
+def test_a_fair_pool_claims_one_pipeline_ahead() -> None:
+    """A fair pool passes ``pipelines_ahead=1``: room plus one capacity, as before the
+    store process (its tenants' order is decided at the claim)."""
+    rooms = [Room(64, 0), Room(64, 0)]
+    assert claim_size(rooms, depth=64, prefetch=0, buffered=0, pipelines_ahead=1) == 256
+    assert claim_size(rooms, depth=64, prefetch=0, buffered=0) == 128 + 4 * 128
