@@ -33,6 +33,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.model import Failure, JobState, RetryBudget
+from supervisor.store.rows import chunks
 from supervisor.store.schema import BUDGET_BUCKET, jobs, retry_budget
 
 Execute = Callable[..., Any]  # SqlStore._exec: execute with the clock's "now" filled in
@@ -92,8 +93,15 @@ class Budgets:
         judged = [f for f in failures if f.budget is not None and f.retry_delay is not None]
         if not judged:
             return {}
-        pairs = [(f.lease.job_id, f.lease.token) for f in judged]
-        rows = {r.id: r for r in self._execute(conn, self._targets_stmt, {"leases": pairs})}
+        rows = {
+            r.id: r
+            for part in chunks(judged)  # a statement per BATCH: each binds two values a lease
+            for r in self._execute(
+                conn,
+                self._targets_stmt,
+                {"leases": [(f.lease.job_id, f.lease.token) for f in part]},
+            )
+        }
         windows: dict[str, _Window] = {}
         deferrals: dict[int, Deferral] = {}
         for f in judged:

@@ -201,10 +201,10 @@ def test_release_hands_back_at_once_without_counting(store, clock):
     assert [x.attempt for x in claim(store)] == [1]
 
 
-def test_more_leases_than_one_statement_binds_are_extended_acked_and_released(store, clock):
+def test_leases_past_one_statements_batch_are_extended_acked_and_released(store, clock):
     """A host may hold thousands of leases (pipelines and the buffer ahead): extend, the ack's
     ownership check and release go a statement per ``BATCH`` (PostgreSQL binds at most 65,535
-    values a statement, SQLite's default build 32,766)."""
+    values a statement, SQLite's default build 32,766), and what they return spans them."""
     n = 2 * BATCH + 7
     store.enqueue_many([job() for _ in range(n)])
     held = claim(store, n=n, lease=10)
