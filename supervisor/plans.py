@@ -15,8 +15,8 @@ workers ran dry while it was out (the host 15 % idle). Four pipelines ahead: mor
 second on SQLite (docs/benchmarks.md, "Claiming further ahead"), each worker's share of the
 buffer ~16 ms of short jobs (their leases held meanwhile, released at once by a drain). The
 floor below is not multiplied: a shallow pipeline's jobs are the longer ones. A fair pool
-keeps one pipeline ahead: its order between tenants is decided at the claim, and a tenant
-that arrives waits behind what is already claimed.
+(the default) decides its tenants' order at each claim, so a tenant that arrives waits
+behind what is already claimed: those ~16 ms of short jobs a worker.
 
 What a pipelining pool holds (queued in workers and buffered ahead) is at least
 ``HELD_AT_LEAST`` jobs, so a claim takes at least half that many: a claim's cost besides its
@@ -45,16 +45,8 @@ class Room:
     held: int
 
 
-def claim_size(
-    rooms: Sequence[Room],
-    *,
-    depth: int,
-    prefetch: int,
-    buffered: int,
-    pipelines_ahead: int = AHEAD_PIPELINES,
-) -> int:
-    """Jobs to claim now (0: none) for workers with ``rooms``, ``buffered`` already claimed;
-    a pipelining pool claims ``pipelines_ahead`` times its pipelines ahead.
+def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: int) -> int:
+    """Jobs to claim now (0: none) for workers with ``rooms``, ``buffered`` already claimed.
 
     >>> claim_size([Room(1, 0), Room(1, 0)], depth=1, prefetch=0, buffered=0)
     2
@@ -77,7 +69,7 @@ def claim_size(
     room = sum(r.free for r in taking)
     # ahead: AHEAD_PIPELINES times what the pipelines hold (so a few of PIPELINE_BUDGET's
     # 4 ms of work a worker), not times the floor: a shallow pipeline's jobs take longer
-    ahead = prefetch + (max(pipelines_ahead * pipelines, capacity) if depth > 1 else 0)
+    ahead = prefetch + (max(AHEAD_PIPELINES * pipelines, capacity) if depth > 1 else 0)
     want = room + ahead - buffered
     # one rule for busy and idle workers: a worker with nothing to do that the buffer cannot
     # feed means more than the capacity is missing, so it is claimed for at once; one the

@@ -40,7 +40,7 @@ from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.model import ErrorKind, Failure, Lease, RetryBudget
-from supervisor.plans import AHEAD_PIPELINES, Room, claim_size
+from supervisor.plans import Room, claim_size
 from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import ExitVerdict, job_verdicts
@@ -159,15 +159,7 @@ class Dispatcher:
         buffered = len(self.buffer[pool.name])
         # slots run what they are sent: nothing is claimed ahead of them (a lease held idle)
         ahead = 1 if pool.config.slots > 1 else depth
-        want = claim_size(
-            rooms,
-            depth=ahead,
-            prefetch=pool.config.prefetch,
-            buffered=buffered,
-            # the fair order is decided at the claim: a tenant that arrives waits behind
-            # what is claimed, so a fair pool claims one pipeline ahead, not AHEAD_PIPELINES
-            pipelines_ahead=1 if pool.limits.fair else AHEAD_PIPELINES,
-        )
+        want = claim_size(rooms, depth=ahead, prefetch=pool.config.prefetch, buffered=buffered)
         if not want:
             return
         if now < self.health.retry_at:

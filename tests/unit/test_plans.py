@@ -49,11 +49,3 @@ def test_doctests_pass() -> None:
 )
 def test_claim_size(rooms: list[Room], depth: int, prefetch: int, buffered: int, want: int) -> None:
     assert claim_size(rooms, depth=depth, prefetch=prefetch, buffered=buffered) == want
-
-
-def test_a_fair_pool_claims_one_pipeline_ahead() -> None:
-    """A fair pool passes ``pipelines_ahead=1``: room plus one capacity, as before the
-    store process (its tenants' order is decided at the claim)."""
-    rooms = [Room(64, 0), Room(64, 0)]
-    assert claim_size(rooms, depth=64, prefetch=0, buffered=0, pipelines_ahead=1) == 256
-    assert claim_size(rooms, depth=64, prefetch=0, buffered=0) == 128 + 4 * 128
