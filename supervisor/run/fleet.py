@@ -104,7 +104,7 @@ class Fleet:
         self.forker_boot_limit = forker.boot_limit if forker is not None else BOOT_LIMIT
         self.store = store  # at boot only (migrated, node registered); then every call
         # goes through a link to a process of the supervisor's own, so the loop never waits
-        # for the database: ``link`` for the jobs (claims, extends, results; LISTEN), and
+        # for the database: ``link`` for the jobs (claims, extends, results; wake-ups), and
         # ``chores`` for what may take long (the reaper and its VACUUM, prune, the figures,
         # the node row), so an extend never queues behind a slow chore
         self.link = link or ProcessLink(config.database, title=config.name, listen=True)

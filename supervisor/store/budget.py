@@ -33,7 +33,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, func, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.model import Failure, JobState, RetryBudget
-from supervisor.store.rows import chunks
+from supervisor.store.rows import chunks, lease_pairs
 from supervisor.store.schema import BUDGET_BUCKET, jobs, retry_budget
 
 Execute = Callable[..., Any]  # SqlStore._exec: execute with the clock's "now" filled in
@@ -99,7 +99,7 @@ class Budgets:
             for r in self._execute(
                 conn,
                 self._targets_stmt,
-                {"leases": [(f.lease.job_id, f.lease.token) for f in part]},
+                {"leases": lease_pairs([f.lease for f in part])},
             )
         }
         windows: dict[str, _Window] = {}
