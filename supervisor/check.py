@@ -15,7 +15,7 @@ from typing import Any
 from supervisor import host
 from supervisor.clock import SystemClock
 from supervisor.config import load_config
-from supervisor.config_fleet import FleetConfig
+from supervisor.config.fleet import FleetConfig
 from supervisor.errors import FleetdError
 from supervisor.imports import handler_refs, import_handlers
 from supervisor.model import iso

@@ -16,7 +16,7 @@ from typing import Any, Self
 
 from supervisor.clock import Clock
 from supervisor.config import load_config
-from supervisor.config_fleet import FleetConfig
+from supervisor.config.fleet import FleetConfig
 from supervisor.errors import JobNotFound, PayloadError
 from supervisor.model import FINAL_STATES, PRIORITY_MAX, PRIORITY_MIN, Job, NewJob
 from supervisor.store import Store, open_store

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.table import Table
 
 from supervisor.client import Client
-from supervisor.config_fleet import FleetConfig
+from supervisor.config.fleet import FleetConfig
 from supervisor.errors import FleetdError
 from supervisor.model import Job, JobState
 

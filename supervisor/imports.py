@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from supervisor.config_fleet import FleetConfig
+from supervisor.config.fleet import FleetConfig
 from supervisor.errors import HandlerError
 from workers.errors import HandlerImportError
 from workers.handlers import load_handlers

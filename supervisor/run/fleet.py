@@ -44,7 +44,7 @@ from setproctitle import setproctitle
 
 from supervisor import host
 from supervisor.clock import Clock, SystemClock
-from supervisor.config_fleet import FleetConfig
+from supervisor.config.fleet import FleetConfig
 from supervisor.errors import FleetdError
 from supervisor.imports import handler_refs
 from supervisor.observe.observer import Observer

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from supervisor.config_pool import PoolConfig
+from supervisor.config.pool import PoolConfig
 from supervisor.model import ClaimLimits
 from supervisor.policy import pipeline_depth, recent_duration, respawn_delay
 from supervisor.rates import RateLimit

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from supervisor.config_pool import PoolConfig
+from supervisor.config.pool import PoolConfig
 from supervisor.policy import KillKind, KillReason
 from supervisor.run.workerproc import InFlight, WorkerHandle
 from supervisor.units import format_duration, format_size

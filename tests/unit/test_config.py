@@ -8,9 +8,9 @@ import pydantic
 import pytest
 
 from supervisor.config import example_toml, load_config, parse_config
-from supervisor.config_fleet import FleetConfig, MemoryBudget
-from supervisor.config_pool import PoolConfig
-from supervisor.config_schedule import ScheduleConfig
+from supervisor.config.fleet import FleetConfig, MemoryBudget
+from supervisor.config.pool import PoolConfig
+from supervisor.config.schedule import ScheduleConfig
 from supervisor.errors import ConfigError, UnknownKind
 from workers.command import CommandSpec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.config_pool import PoolConfig
+from supervisor.config.pool import PoolConfig
 from supervisor.plans import Room
 from supervisor.policy import PoolSizing, ceilings, worker_cost
 from supervisor.run.dispatch import _within_cap

@@ -12,11 +12,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from supervisor import units
-from supervisor.config_fleet import FleetConfig, MemoryBudget
-from supervisor.config_keys import field_meta, key_path, keys_of
-from supervisor.config_pool import PoolConfig
-from supervisor.config_schedule import ScheduleConfig
-from supervisor.config_values import Unit
+from supervisor.config.fleet import FleetConfig, MemoryBudget
+from supervisor.config.keys import field_meta, key_path, keys_of
+from supervisor.config.pool import PoolConfig
+from supervisor.config.schedule import ScheduleConfig
+from supervisor.config.values import Unit
 
 _HEADER = [
     "# fleetd configuration: every key, with its default and what it does.",

@@ -19,16 +19,16 @@ from pydantic import (
 )
 
 from supervisor import schedules, units
-from supervisor.config_keys import FROZEN, key, shape
-from supervisor.config_paths import (
+from supervisor.config.keys import FROZEN, key, shape
+from supervisor.config.paths import (
     environ_of,
     folder_of,
     resolve_database_url,
     resolve_python_path,
 )
-from supervisor.config_pool import PoolConfig, named_pool
-from supervisor.config_schedule import ScheduleConfig, named_schedule
-from supervisor.config_values import (
+from supervisor.config.pool import PoolConfig, named_pool
+from supervisor.config.schedule import ScheduleConfig, named_schedule
+from supervisor.config.values import (
     Duration,
     Problem,
     check_address,

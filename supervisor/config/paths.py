@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationInfo
 
-from supervisor.config_values import Problem
+from supervisor.config.values import Problem
 
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _URL = re.compile(r"(?P<dialect>sqlite|postgresql)(?:\+[A-Za-z0-9_]+)?://(?P<rest>.*)", re.DOTALL)

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-from supervisor.config_keys import unknown_key
-from supervisor.config_values import Problem, check_duration, optional
+from supervisor.config.keys import unknown_key
+from supervisor.config.values import Problem, check_duration, optional
 from workers.command import CommandSpec, placeholder_names
 
 

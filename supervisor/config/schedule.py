@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, model_validator
 
 from supervisor import schedules
-from supervisor.config_keys import FROZEN, IDENTIFIER, key, keys_of, shape, unknown_key
-from supervisor.config_values import (
+from supervisor.config.keys import FROZEN, IDENTIFIER, key, keys_of, shape, unknown_key
+from supervisor.config.values import (
     Problem,
     Unit,
     at_most,

@@ -1,8 +1,9 @@
 """One ``[pools.NAME]`` table -> a frozen ``PoolConfig``: the pool's keys declared once, with
 their defaults and documentation, and the rules between them.
 
-To add a key, see PoolConfig's docstring; the value checks are in config_values, the handlers
-table in config_handlers, and the caps, rates, fair share and slots rules in config_limits.
+To add a key, see PoolConfig's docstring; the value checks are in config.values, the handlers
+table in config.handlers, the caps, rates and weights tables in config.limits; the rules tying
+them to the pool's other keys are at the end of this module.
 """
 
 from __future__ import annotations
@@ -13,18 +14,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from supervisor import units
-from supervisor.config_handlers import Handlers
-from supervisor.config_keys import FROZEN, IDENTIFIER, key, keys_of, shape, unknown_key
-from supervisor.config_limits import (
-    KindCaps,
-    KindRates,
-    TenantWeights,
-    burst_has_rate,
-    fair_keys,
-    kinds_known,
-    slots_fit,
-)
-from supervisor.config_values import (
+from supervisor.config.handlers import Handlers
+from supervisor.config.keys import FROZEN, IDENTIFIER, key, keys_of, shape, unknown_key
+from supervisor.config.limits import KindCaps, KindRates, TenantWeights
+from supervisor.config.values import (
     Count,
     Duration,
     Name,
@@ -245,3 +238,69 @@ def named_pool(name: Any, table: Any) -> Any:
     if "name" in table:  # the table's own name: typing it again could only disagree
         raise Problem(unknown_key("name", keys_of(PoolConfig)), (name, "name"))
     return {**table, "name": name}
+
+
+# ---- the rules tying caps, rates, fair share and slots to the pool's other keys ----------
+
+
+def slots_fit(pool: PoolConfig) -> None:
+    """``slots`` above 1 needs an io pool, no soft timeout, room in nproc_limit for its threads
+    and no command handler."""
+    # A thread cannot be killed, and a command's runner kills every process of the
+    # worker when its job ends (workers.tree.end_all): both need one job per worker.
+    if pool.slots > 1 and pool.bound != "io":
+        raise Problem(
+            f'{pool.slots} needs bound = "io" (a cpu pool runs one job per worker)',
+            ("slots",),
+        )
+    if pool.slots > 1 and pool.soft_timeout > 0:
+        raise Problem(
+            f"{pool.slots} cannot raise SoftTimeout in a slot's thread (a signal reaches "
+            "only a worker's main thread): set soft_timeout = 0 (expected 1)",
+            ("slots",),
+        )
+    if pool.slots > 1 and pool.nproc_limit is not None and pool.nproc_limit <= pool.slots + 1:
+        # RLIMIT_NPROC counts threads: a slot's thread could not start
+        raise Problem(
+            f"{pool.slots} threads do not fit nproc_limit {pool.nproc_limit} (it counts "
+            f"threads: the worker needs at least {pool.slots + 2})",
+            ("slots",),
+        )
+    commands = [k for k, h in pool.handlers.items() if isinstance(h, CommandSpec)]
+    if pool.slots > 1 and commands:
+        raise Problem(
+            f"{pool.slots} cannot run command handlers ({', '.join(commands)}): a "
+            "command's end kills every process of its worker (expected 1)",
+            ("slots",),
+        )
+
+
+def kinds_known(pool: PoolConfig, key: str) -> None:
+    """Each kind of the ``key`` table (kind_max_inflight, kind_rate_limit) is one of the pool's."""
+    for kind in getattr(pool, key):
+        if kind not in pool.handlers:
+            known = ", ".join(map(repr, pool.handlers))
+            message = f"{kind!r} is not a kind of this pool (expected one of {known})"
+            raise Problem(message, (key, kind))
+
+
+def burst_has_rate(pool: PoolConfig) -> None:
+    """``rate_burst`` says how many starts ``rate_limit`` lets through at once: not without it."""
+    if pool.rate_burst is not None and pool.rate_limit is None:
+        message = f"{pool.rate_burst!r} is set without a rate (expected rate_limit too)"
+        raise Problem(message, ("rate_burst",))
+
+
+def fair_keys(pool: PoolConfig) -> None:
+    """``fair = false`` with a cap, or with ``tenant_weights``, would be a key without effect:
+    a capped claim always orders fairly (fair.py), and weights are the fair order's."""
+    if pool.fair:
+        return
+    caps = ("max_inflight", "tenant_max_inflight", "kind_max_inflight")
+    cap = next((k for k in caps if getattr(pool, k)), None)
+    if cap is not None:
+        message = f"false with {cap} set (expected true: a pool with caps always claims fairly)"
+        raise Problem(message, ("fair",))
+    if pool.tenant_weights:
+        message = "false with tenant_weights set (expected true: weights order the fair claim)"
+        raise Problem(message, ("fair",))

@@ -1,15 +1,15 @@
 """fleet.toml -> frozen, typed ``FleetConfig`` and ``PoolConfig``: ``load_config`` and
 ``parse_config``, and every failure turned into one line.
 
-Why pydantic: one declarative schema (the field declarations in config_fleet, config_pool and
-config_schedule) yields the validation, the defaults and the documented example
+Why pydantic: one declarative schema (the field declarations in config.fleet, config.pool and
+config.schedule) yields the validation, the defaults and the documented example
 (``example_toml()`` renders conf/fleet.example.toml from the field descriptions), and
 ``extra="forbid"`` rejects unknown keys instead of ignoring a typo. Pydantic stays behind these
 modules: its ValidationError is translated here, once, into a one-line ``ConfigError``::
 
     <file>: <key path>: <the bad value's repr and what was wrong> (expected <what>)
 
-Values go through ``supervisor.units`` (config_values), so "250ms", "512MiB" and "80%" mean the
+Values go through ``supervisor.units`` (config.values), so "250ms", "512MiB" and "80%" mean the
 same here as on the command line. Everything is checked at load; nothing is read from the
 environment at import. The models are frozen; their mappings are plain dicts that nobody may
 mutate.
@@ -25,11 +25,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from supervisor.config_example import example_toml
-from supervisor.config_fleet import FleetConfig
-from supervisor.config_keys import key_path, keys_of, unknown_key
-from supervisor.config_pool import PoolConfig
-from supervisor.config_schedule import ScheduleConfig
+from supervisor.config.example import example_toml
+from supervisor.config.fleet import FleetConfig
+from supervisor.config.keys import key_path, keys_of, unknown_key
+from supervisor.config.pool import PoolConfig
+from supervisor.config.schedule import ScheduleConfig
 from supervisor.errors import ConfigError
 
 # example_toml is re-exported: the generated example names it here, as its regeneration does
