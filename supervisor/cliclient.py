@@ -2,9 +2,9 @@
 apart from the command line itself: the --pool filter and a pause's pool and kind checked
 against the config, the fleet view as ``fleetd status`` shows it, cancelled jobs waited for.
 
-Errors are fleetd's typed ones; cli.py turns them into one line and an exit status. The heavy
-imports (the client, the store) wait until a command needs them, so ``fleetd --help`` stays
-quick.
+Errors are fleetd's typed ones; the cli turns them into one line and an exit status
+(``supervisor.cli.options.friendly``). The heavy imports (the client, the store) wait until a
+command needs them, so ``fleetd --help`` stays quick.
 """
 
 from __future__ import annotations

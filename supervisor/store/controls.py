@@ -14,7 +14,7 @@ A queued job (waiting, or between retries) is cancelled at once. A leased one on
 ``cancel_requested_at``: the supervisor holding its lease sees it (``controls``) and stops the
 worker, and whatever then ends that delivery (the kill's write, a result that was already on
 its way, a release at the end of a drain, the reaper after a lost host) makes the job
-``cancelled``: the verbs that end a delivery test the column first (supervisor/store/sql.py).
+``cancelled``: the verbs that end a delivery test the column first (store/results.py, reaper.py).
 So a cancelled job never goes back to the queue, whichever host or path ends it. Both engines
 evaluate the CASE on the row version the WHERE matched (PostgreSQL re-checks a row another
 transaction changed meanwhile), so a job that moved from leased to queued under a cancel is

@@ -12,12 +12,13 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, tuple_
+from sqlalchemy import Float, bindparam, tuple_
 
 from supervisor.model import Claimed, ErrorKind, Job, JobState, Lease, NewJob
 from supervisor.store.schema import jobs
 
 BATCH = 500  # rows per statement for id lists (well under SQLite's bound-variable limit)
+TIME = Float(precision=53)  # the type of a bound time or duration: Unix seconds, as stored
 
 # What a claim returns of each job it leased. The first nine columns are Claimed's fields in
 # order, the lease's two first (``as_claimed``).
@@ -45,6 +46,9 @@ _PRIORITY, _AVAILABLE, _ID = _AT["priority"], _AT["available_at"], _AT["id"]
 # SQLite >= 3.15. An expanding parameter keeps one compiled statement whatever the number of
 # leases.
 LEASES_MATCH = tuple_(jobs.c.id, jobs.c.lease_token).in_(bindparam("leases", expanding=True))
+
+# A delivery whose cancel was requested ends cancelled, whatever ended it (controls.py)
+CANCEL_ASKED = jobs.c.cancel_requested_at.is_not(None)
 
 
 def claim_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -99,7 +103,7 @@ def as_job(row: Any) -> Job:
 
 
 def job_params(job: NewJob) -> dict[str, Any]:
-    """The bound values of one job's insert (``SqlStore._row_values`` names them)."""
+    """The bound values of one job's insert (``Enqueues._row_values`` names them)."""
     return {
         "kind": job.kind,
         "pool": job.pool,

@@ -6,19 +6,28 @@ state and lease token in its WHERE clause and reports which rows it changed: a l
 worker whose lease was taken over changes nothing and comes back as lost.
 
 Dialects differ only where they must (``SqliteStore``, ``PostgresStore``): how "now" is read, how
-a lease token is made, connection set-up, and the wake-up channel. Around the verbs:
+a lease token is made, connection set-up, and the wake-up channel. This module holds the store's
+core (the engine, its transactions and clock, the dialect hooks) and the claim; the other verbs
+are mixins of ``SqlStore``, one module per noun, each declaring what it takes from the core:
 
-- driver.py: every verb runs inside ``driver.translated``, the one place where driver errors
-  become ``StoreUnavailable`` (raised ``from`` the driver's error), and the uncapped claim and
-  the ack go to the driver's cursor directly;
-- rows.py: a claim's columns and order, rows as ``Job``, bound values;
-- capped.py: the claim with fleet-wide caps and fair shares (``CappedClaims``, a mixin of this
-  class), on top of fair.py;
+- enqueue.py: new jobs, and a keyed job's insert-or-find (``Enqueues``);
+- results.py: extend, ack, fail and release, what ends or keeps a delivery (``Results``);
+- reaper.py: expired leases taken back, and old finished jobs pruned (``Reaper``);
+- reads.py: a job, a page of jobs, stats, history, arrivals (``Reads``);
+- deadletters.py: list, requeue and purge dead jobs (``DeadLetters``);
+- node_table.py: the supervisors' rows and heartbeats (``NodeTable``);
+- capped.py: the claim with fleet-wide caps and fair shares (``CappedClaims``), on top of
+  fair.py;
 - rated.py: the claim of a pool with rate limits, spending its token buckets
-  (``RatedClaims``, a mixin; the arithmetic is supervisor/rates.py);
-- budget.py: the retry budget's counters, written by claim and fail;
-- schedule_table.py: the schedule rows and their guarded advance (``ScheduleTable``, a mixin);
+  (``RatedClaims``; the arithmetic is supervisor/rates.py);
+- schedule_table.py: the schedule rows and their guarded advance (``ScheduleTable``);
 - controls.py: cancel, pause and resume, and the filters of bulk actions (``ControlTable``).
+
+Beside them: driver.py, where every verb runs (``driver.translated``, the one place where driver
+errors become ``StoreUnavailable``, raised ``from`` the driver's error; and the fast path by
+which the uncapped claim and the ack go to the driver's cursor directly); rows.py, a claim's
+columns and order, rows as ``Job``, bound values; budget.py, the retry budget's counters,
+written by claim and fail.
 
 A job whose cancel was requested while it was leased (``cancel_requested_at``) ends that
 delivery ``cancelled`` whichever verb ends it: ack (its result kept), fail, release, reap.
@@ -34,89 +43,65 @@ from functools import cached_property
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
     Engine,
-    Float,
     Integer,
-    String,
-    and_,
     bindparam,
     case,
-    cast,
-    delete,
-    func,
-    insert,
     literal,
     select,
-    text,
     update,
 )
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor.clock import Clock
-from supervisor.errors import JobNotFound, NotDead
 from supervisor.model import (
-    STATS_CAP,
-    Ack,
     Claimed,
     ClaimLimits,
-    ErrorKind,
-    FailOutcome,
-    Failure,
-    Job,
-    JobFilter,
     JobState,
-    Lease,
-    NewJob,
-    PoolHistory,
-    PoolStats,
-    ReapOutcome,
     RetryBudget,
 )
 from supervisor.store import driver, fair, migrations
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
 from supervisor.store.controls import ControlTable
+from supervisor.store.deadletters import DeadLetters
+from supervisor.store.enqueue import Enqueues
+from supervisor.store.node_table import NodeTable
 from supervisor.store.rated import RatedClaims
+from supervisor.store.reads import Reads
+from supervisor.store.reaper import Reaper
+from supervisor.store.results import Results
 from supervisor.store.rows import (
     CLAIMED_AT,
     CLAIMED_COLUMNS,
-    LEASES_MATCH,
     ClaimRow,
     as_claimed,
-    as_job,
-    chunks,
     claim_order,
     claim_row,
-    job_params,
-    lease_pairs,
 )
+from supervisor.store.rows import TIME as _TIME
 from supervisor.store.schedule_table import ScheduleTable
-from supervisor.store.schema import KEYED, jobs, nodes
+from supervisor.store.schema import jobs
 from supervisor.store.wake import CONTROLS_WAKE
 
 QUEUED, LEASED, DONE, DEAD, CANCELLED = (s.value for s in JobState)
-_TIME = Float(precision=53)
-
-# Which of the given leases are still valid, their rows locked (``SqlStore._owned``)
-_OWNED_STMT = (
-    select(jobs.c.id, jobs.c.lease_token)
-    .where(jobs.c.state == LEASED, LEASES_MATCH)
-    .with_for_update()
-)
 
 
-class _Partial(Exception):
-    """Inside the store only: a batched write did not take for every row; roll it back."""
-
-
-# A delivery whose cancel was requested ends cancelled, whatever ended it (controls.py)
-CANCEL_ASKED = jobs.c.cancel_requested_at.is_not(None)
-
-
-class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
-    """The dialect-neutral verbs. Subclasses set up the engine and the dialect hooks."""
+class SqlStore(
+    Enqueues,
+    Results,
+    Reaper,
+    Reads,
+    DeadLetters,
+    NodeTable,
+    CappedClaims,
+    RatedClaims,
+    ScheduleTable,
+    ControlTable,
+):
+    """The dialect-neutral verbs: the claim here, the others in the mixins, each its own
+    module. Subclasses set up the engine and the dialect hooks."""
 
     dialect = "sql"
 
@@ -224,41 +209,6 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
     def close(self) -> None:
         self.engine.dispose()
 
-    # ---- enqueue ------------------------------------------------------------------------
-
-    def enqueue(self, job: NewJob) -> int:
-        """Add one job; an existing (kind, key) returns that job's id and changes nothing."""
-        return self.enqueue_many([job])[0]
-
-    def enqueue_many(self, new: Sequence[NewJob]) -> list[int]:
-        """Add jobs in one transaction; ids come back in input order."""
-        if not new:
-            return []
-        with self._tx() as conn:
-            ids = self._insert_plain(conn, [j for j in new if j.key is None])
-            plain = iter(ids)
-            out = [next(plain) if j.key is None else self._insert_keyed(conn, j) for j in new]
-            self._after_enqueue(conn, {j.pool for j in new})
-        self._after_commit({j.pool for j in new})
-        return out
-
-    def _row_values(self) -> dict[str, Any]:
-        now = self._now()
-        names = ("kind", "pool", "payload", "tenant", "key", "priority", "max_deliveries")
-        values: dict[str, Any] = {n: bindparam(n) for n in names}
-        values.update(
-            state=QUEUED,
-            enqueued_at=now,
-            available_at=now + bindparam("delay", type_=_TIME),
-        )
-        return values
-
-    def _insert_plain(self, conn: Connection, new: list[NewJob]) -> list[int]:
-        if not new:
-            return []
-        rows = [self._with_now(job_params(j)) for j in new]
-        return list(conn.execute(self._insert_stmt, rows).scalars())
-
     def _with_now(self, params: dict[str, Any]) -> dict[str, Any]:
         if self._clock is not None:
             pinned = self.__dict__.get("_pinned_now")
@@ -274,29 +224,6 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
             yield
         finally:
             self._pinned_now = None
-
-    @cached_property
-    def _insert_stmt(self) -> Any:
-        stmt = insert(jobs).values(self._row_values())
-        return stmt.returning(jobs.c.id, sort_by_parameter_order=True)
-
-    @cached_property
-    def _insert_keyed_stmt(self) -> Any:
-        stmt = self._insert()(jobs).values(self._row_values())
-        keyed = stmt.on_conflict_do_nothing(index_elements=["kind", "key"], index_where=text(KEYED))
-        return keyed.returning(jobs.c.id)
-
-    def _insert_keyed(self, conn: Connection, job: NewJob) -> int:
-        return self._insert_or_find(conn, job)[0]
-
-    def _insert_or_find(self, conn: Connection, job: NewJob) -> tuple[int, bool]:
-        """The keyed job's id, and whether this inserted it (False: the key named a job that
-        was there already, which is returned unchanged)."""
-        inserted = self._exec(conn, self._insert_keyed_stmt, job_params(job)).scalar()
-        if inserted is not None:
-            return int(inserted), True
-        found = select(jobs.c.id).where(jobs.c.kind == job.kind, jobs.c.key == job.key)
-        return int(conn.execute(found).scalar_one()), False
 
     # ---- claim and the lease ------------------------------------------------------------
 
@@ -502,473 +429,3 @@ class SqlStore(CappedClaims, RatedClaims, ScheduleTable, ControlTable):
             .values(self._lease_values())
             .returning(*CLAIMED_COLUMNS)
         )
-
-    def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]:
-        """Push the leases' expiry to now + ``lease`` (a statement per ``BATCH``); return the
-        leases NOT extended (lost: taken over, reaped or finished) so their workers can be
-        killed."""
-        if not leases:
-            return []
-        kept: set[Lease] = set()
-        with self._auto() as conn:  # a statement a chunk: a host holds thousands at most
-            for part in chunks(leases):
-                params = {"leases": lease_pairs(part), "lease": lease}
-                kept.update(
-                    Lease(r.id, r.lease_token) for r in self._exec(conn, self._extend_stmt, params)
-                )
-        return [lease_ for lease_ in leases if lease_ not in kept]
-
-    @cached_property
-    def _extend_stmt(self) -> Any:
-        return (
-            update(jobs)
-            .where(jobs.c.state == LEASED, LEASES_MATCH)
-            .values(
-                locked_until=self._now() + bindparam("lease", type_=_TIME),
-                extensions=jobs.c.extensions + 1,
-            )
-            .returning(jobs.c.id, jobs.c.lease_token)
-        )
-
-    def ack(self, acks: Sequence[Ack]) -> list[Lease]:
-        """Mark jobs done with their results; return the leases that were no longer ours
-        (nothing changed for those). Each row's update is guarded by its lease, so one
-        executemany usually does it; only when fewer rows changed than acks were given is it
-        rolled back and redone knowing which leases are still ours."""
-        if not acks:
-            return []
-        now = self._clock.now() if self._clock is not None else None
-        params = [
-            {
-                "b_id": a.lease.job_id,
-                "b_token": a.lease.token,
-                "b_result": a.result,
-                "b_peak_rss": a.peak_rss,
-                "b_duration": a.duration,
-                "now": now,
-            }
-            for a in acks
-        ]
-        ids = [a.lease.job_id for a in acks]
-        try:
-            with self._tx() as conn:
-                changed = driver.executemany(conn, self._ack_raw, params)
-                if changed != len(acks) or not conn.dialect.supports_sane_multi_rowcount:
-                    raise _Partial  # roll back, and redo it row by row below
-                self._finals_in_tx(conn, ids)
-            self._finals_committed(ids)
-            return []
-        except _Partial:
-            pass
-        with self._tx() as conn:
-            owned = self._owned(conn, [a.lease for a in acks])
-            mine = [p for p, a in zip(params, acks, strict=True) if a.lease in owned]
-            if mine:
-                conn.execute(self._ack_stmt, mine)
-                self._finals_in_tx(conn, [p["b_id"] for p in mine])
-        self._finals_committed([p["b_id"] for p in mine])
-        return [a.lease for a in acks if a.lease not in owned]
-
-    def _owned(self, conn: Connection, leases: Sequence[Lease]) -> set[Lease]:
-        """Those of ``leases`` still valid (job leased under that token), their rows locked for
-        this transaction (SQLite's write lock is already held; PostgreSQL locks the rows)."""
-        owned: set[Lease] = set()
-        for part in chunks(leases):
-            rows = conn.execute(_OWNED_STMT, {"leases": lease_pairs(part)})
-            owned.update(Lease(r.id, r.lease_token) for r in rows)
-        return owned
-
-    @cached_property
-    def _ack_raw(self) -> driver.Raw:
-        return driver.Raw.of(self._ack_stmt, self.engine.dialect)
-
-    @cached_property
-    def _ack_stmt(self) -> Any:
-        return (
-            update(jobs)
-            .where(
-                jobs.c.id == bindparam("b_id"),
-                jobs.c.lease_token == bindparam("b_token"),
-                jobs.c.state == LEASED,
-            )
-            .values(
-                state=case((CANCEL_ASKED, CANCELLED), else_=DONE),
-                result=bindparam("b_result"),
-                peak_rss=bindparam("b_peak_rss"),
-                duration=bindparam("b_duration"),
-                finished_at=self._now(),
-                owner=None,
-                locked_until=None,
-            )
-        )
-
-    def fail(self, failures: Sequence[Failure]) -> FailOutcome:
-        """Record failed deliveries: retry after ``retry_delay`` while attempts remain,
-        otherwise (or when ``retry_delay`` is None) dead-letter. A failure with a retry
-        ``budget`` that is spent is deferred instead (supervisor/store/budget.py)."""
-        retried: list[int] = []
-        dead: list[int] = []
-        cancelled: list[int] = []
-        lost: list[Lease] = []
-        with self._tx() as conn:
-            deferred = self._budgets.judge(conn, failures)
-            for f in failures:
-                stmt = self._dead_stmt if f.retry_delay is None else self._retry_stmt
-                deferral = deferred.get(f.lease.job_id)
-                params = {
-                    "leases": [(f.lease.job_id, f.lease.token)],
-                    "f_delay": deferral.delay if deferral else f.retry_delay or 0.0,
-                    "f_error_kind": None if f.error_kind is None else str(f.error_kind),
-                    "f_message": deferral.message if deferral else f.message,
-                    "f_peak_rss": f.peak_rss,
-                    "f_duration": f.duration,
-                }
-                row = self._exec(conn, stmt, params).first()
-                if row is None:
-                    lost.append(f.lease)
-                else:
-                    ended = {DEAD: dead, CANCELLED: cancelled}.get(row.state, retried)
-                    ended.append(row.id)
-            self._finals_in_tx(conn, dead + cancelled)
-        self._finals_committed(dead + cancelled)
-        later = tuple(i for i in retried if i in deferred)
-        return FailOutcome(tuple(retried), tuple(dead), tuple(lost), later, tuple(cancelled))
-
-    @cached_property
-    def _retry_stmt(self) -> Any:
-        return self._fail_statement(jobs.c.attempts >= jobs.c.max_deliveries)
-
-    @cached_property
-    def _dead_stmt(self) -> Any:
-        return self._fail_statement(literal(True))
-
-    def _fail_statement(self, at_limit: ColumnElement[bool]) -> Any:
-        now = self._now()
-        return (
-            update(jobs)
-            .where(jobs.c.state == LEASED, LEASES_MATCH)
-            .values(
-                state=case((CANCEL_ASKED, CANCELLED), (at_limit, DEAD), else_=QUEUED),
-                available_at=case(
-                    (CANCEL_ASKED | at_limit, jobs.c.available_at),
-                    else_=now + bindparam("f_delay", type_=_TIME),
-                ),
-                finished_at=case((CANCEL_ASKED | at_limit, now), else_=None),
-                error_kind=bindparam("f_error_kind"),
-                last_error=bindparam("f_message"),
-                peak_rss=bindparam("f_peak_rss", type_=BigInteger),
-                duration=bindparam("f_duration", type_=_TIME),
-                owner=None,
-                locked_until=None,
-            )
-            .returning(jobs.c.id, jobs.c.state)
-        )
-
-    def release(self, leases: Sequence[Lease]) -> list[int]:
-        """Hand jobs back untouched: visible at once, this delivery not counted. Returns the
-        ids released (a lease no longer ours is skipped)."""
-        if not leases:
-            return []
-        with self._tx() as conn:  # a transaction: a cancelled job's wake-up goes in it
-            rows = [
-                row
-                for part in chunks(leases)
-                for row in self._exec(conn, self._release_stmt, {"leases": lease_pairs(part)})
-            ]
-            ended = [r.id for r in rows if r.state == CANCELLED]
-            self._finals_in_tx(conn, ended)
-        self._finals_committed(ended)
-        if any(r.state == QUEUED for r in rows):  # idle supervisors take them at once
-            self._announce({r.pool for r in rows if r.state == QUEUED})
-        return sorted(r.id for r in rows)
-
-    @cached_property
-    def _release_stmt(self) -> Any:
-        return (
-            update(jobs)
-            .where(jobs.c.state == LEASED, LEASES_MATCH)
-            .values(
-                state=case((CANCEL_ASKED, CANCELLED), else_=QUEUED),
-                attempts=jobs.c.attempts - 1,
-                available_at=self._now(),
-                finished_at=case((CANCEL_ASKED, self._now()), else_=None),
-                owner=None,
-                locked_until=None,
-                lease_token=None,
-            )
-            .returning(jobs.c.id, jobs.c.pool, jobs.c.state)
-        )
-
-    def reap(self, *, limit: int = 1000) -> ReapOutcome:
-        """Expired leases back to queued, or dead when the delivery limit is reached (recorded
-        as ``lease_expired``). Safe to run on every node at once."""
-        with self._tx() as conn:  # a transaction: the wake-up of jobs it ended goes in it
-            rows = self._exec(conn, self._reap_stmt, {"limit": limit}).all()
-            ended = [r.id for r in rows if r.state in (DEAD, CANCELLED)]
-            self._finals_in_tx(conn, ended)
-        self._finals_committed(ended)
-        requeued = tuple(sorted(r.id for r in rows if r.state == QUEUED))
-        dead = tuple(sorted(r.id for r in rows if r.state == DEAD))
-        cancelled = tuple(sorted(r.id for r in rows if r.state == CANCELLED))
-        return ReapOutcome(requeued, dead, {r.id: r.attempts for r in rows}, cancelled)
-
-    @cached_property
-    def _reap_stmt(self) -> Any:
-        now = self._now()
-        expired = (
-            select(jobs.c.id)
-            .where(jobs.c.state == LEASED, jobs.c.locked_until < now)
-            .limit(bindparam("limit", type_=Integer))
-            .with_for_update(skip_locked=True)
-        )
-        at_limit = jobs.c.attempts >= jobs.c.max_deliveries
-        message = (
-            literal("the lease held by node ", String)
-            + func.coalesce(jobs.c.owner, "?")
-            + literal(" expired during attempt ", String)
-            + cast(jobs.c.attempts, String)
-        )
-        return (
-            update(jobs)
-            .where(jobs.c.id.in_(expired.scalar_subquery()))
-            .values(
-                state=case((CANCEL_ASKED, CANCELLED), (at_limit, DEAD), else_=QUEUED),
-                finished_at=case((CANCEL_ASKED | at_limit, now), else_=None),
-                available_at=now,
-                error_kind=ErrorKind.LEASE_EXPIRED.value,
-                last_error=message,
-                owner=None,
-                locked_until=None,
-            )
-            .returning(jobs.c.id, jobs.c.state, jobs.c.attempts)
-        )
-
-    # ---- reading ------------------------------------------------------------------------
-
-    def get(self, job_id: int) -> Job | None:
-        with self._auto() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
-        return None if row is None else as_job(row)
-
-    def list_jobs(
-        self,
-        *,
-        state: JobState | None = None,
-        pool: str | None = None,
-        limit: int = 100,
-        after_id: int = 0,
-    ) -> list[Job]:
-        """Jobs by id, optionally of one state and pool, starting after ``after_id``."""
-        query = select(jobs).where(jobs.c.id > after_id).order_by(jobs.c.id).limit(limit)
-        if state is not None:
-            query = query.where(jobs.c.state == str(state))
-        if pool is not None:
-            query = query.where(jobs.c.pool == pool)
-        with self._auto() as conn:
-            return [as_job(r) for r in conn.execute(query)]
-
-    def stats(self, pools: Collection[str]) -> dict[str, PoolStats]:
-        """Per-pool figures. Each count walks only the partial index of its state, and the
-        oldest-ready query reads one index entry."""
-        now = self._now()
-        with self._auto() as conn:
-            return {p: self._pool_stats(conn, p, now) for p in pools}
-
-    def _pool_stats(self, conn: Connection, pool: str, now: ColumnElement[float]) -> PoolStats:
-        in_pool = jobs.c.pool == pool
-        queued = and_(in_pool, jobs.c.state == QUEUED)
-        oldest, now_value = self._exec(
-            conn, select(func.min(jobs.c.available_at), now).where(queued)
-        ).one()
-        ready = 0
-        if oldest is not None and oldest <= now_value:
-            ready = self._capped(conn, and_(queued, jobs.c.available_at <= now))
-        counts = {
-            state: self._capped(conn, and_(in_pool, jobs.c.state == state))
-            for state in (QUEUED, LEASED, DONE, DEAD, CANCELLED)
-        }
-        return PoolStats(
-            pool=pool,
-            ready=ready,
-            scheduled=max(0, counts[QUEUED] - ready),
-            leased=counts[LEASED],
-            done=counts[DONE],
-            dead=counts[DEAD],
-            cancelled=counts[CANCELLED],
-            oldest_ready_age=max(0.0, now_value - oldest) if ready else 0.0,
-            capped=max(ready, *counts.values()) >= STATS_CAP,
-        )
-
-    def _capped(self, conn: Connection, where: ColumnElement[bool]) -> int:
-        """count(*) of the rows matching ``where``, stopping at STATS_CAP: each walks at
-        most that many entries of the index its state's condition fits."""
-        inner = select(literal(1)).where(where).limit(STATS_CAP).subquery()
-        return int(self._exec(conn, select(func.count()).select_from(inner)).scalar_one())
-
-    def history(self, pool: str, *, window: float, sample: int = 500) -> PoolHistory:
-        """Jobs of ``pool`` done in the last ``window`` seconds (the done-jobs index by
-        finish time): their count, and durations and peaks of the latest ``sample``."""
-        since = self._now() - window
-        recent = and_(jobs.c.pool == pool, jobs.c.state == DONE, jobs.c.finished_at >= since)
-        latest = (
-            select(jobs.c.duration, jobs.c.peak_rss)
-            .where(recent)
-            .order_by(jobs.c.finished_at.desc())
-            .limit(sample)
-        )
-        with self._auto() as conn:
-            count = self._exec(conn, select(func.count()).where(recent)).scalar_one()
-            rows = self._exec(conn, latest).all()
-        return PoolHistory(
-            completed=count,
-            durations=tuple(r.duration for r in rows if r.duration is not None),
-            peaks=tuple(r.peak_rss for r in rows if r.peak_rss is not None),
-        )
-
-    # ---- dead letters and retention -----------------------------------------------------
-
-    def dlq_list(self, *, pool: str | None = None, limit: int = 100) -> list[Job]:
-        return self.list_jobs(state=JobState.DEAD, pool=pool, limit=limit)
-
-    def dlq_requeue(
-        self,
-        ids: Sequence[int] | None = None,
-        *,
-        pool: str | None = None,
-        where: JobFilter | None = None,
-    ) -> list[int]:
-        """Give dead jobs a fresh delivery budget. ``ids`` None means every dead job (of
-        ``pool``, and matching ``where``). Naming a job that is missing or not dead changes
-        nothing and raises."""
-        with self._tx() as conn:
-            target = self._dead_ids(conn, ids, pool, where)
-            for chunk in chunks(target):
-                self._exec(
-                    conn,
-                    update(jobs)
-                    .where(jobs.c.id.in_(chunk), jobs.c.state == DEAD)
-                    .values(state=QUEUED, attempts=0, available_at=self._now(), finished_at=None),
-                )
-        return target
-
-    def dlq_purge(
-        self,
-        ids: Sequence[int] | None = None,
-        *,
-        pool: str | None = None,
-        where: JobFilter | None = None,
-    ) -> list[int]:
-        """Delete dead jobs (all of them, or of ``pool`` and matching ``where``, or exactly
-        ``ids``); returns the ids deleted, in order."""
-        purged: list[int] = []
-        with self._tx() as conn:
-            target = self._dead_ids(conn, ids, pool, where)
-            for chunk in chunks(target):
-                stmt = delete(jobs).where(jobs.c.id.in_(chunk), jobs.c.state == DEAD)
-                purged.extend(conn.execute(stmt.returning(jobs.c.id)).scalars())
-        return sorted(purged)
-
-    def _dead_ids(
-        self,
-        conn: Connection,
-        ids: Sequence[int] | None,
-        pool: str | None,
-        where: JobFilter | None = None,
-    ) -> list[int]:
-        if ids is None:
-            cond = self.matching(where or JobFilter(), [JobState.DEAD])
-            query = select(jobs.c.id).where(cond).order_by(jobs.c.id)
-            if pool is not None:
-                query = query.where(jobs.c.pool == pool)
-            return list(self._exec(conn, query).scalars())
-        wanted = sorted(set(ids))
-        states: dict[int, str] = {}
-        for chunk in chunks(wanted):
-            query = select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(chunk))
-            states.update((r.id, r.state) for r in conn.execute(query))
-        missing = [i for i in wanted if i not in states]
-        if missing:
-            raise JobNotFound(f"no job with id {', '.join(map(str, missing))}")
-        alive = [f"{i} ({states[i]})" for i in wanted if states[i] != DEAD]
-        if alive:
-            raise NotDead(f"not dead, so not in the dead-letter queue: job {', '.join(alive)}")
-        return wanted
-
-    def prune(self, *, older_than: float, batch: int = 5000) -> int:
-        """Delete done and cancelled jobs that finished more than ``older_than`` seconds ago,
-        in batches so no transaction holds the write lock for long (each state through its
-        own partial index)."""
-        total = 0
-        for state in (DONE, CANCELLED):
-            while True:
-                cutoff = self._now() - older_than
-                old = (
-                    select(jobs.c.id)
-                    .where(jobs.c.state == state, jobs.c.finished_at < cutoff)
-                    .limit(batch)
-                )
-                with self._auto() as conn:
-                    removed = self._exec(
-                        conn, delete(jobs).where(jobs.c.id.in_(old.scalar_subquery()))
-                    )
-                total += removed.rowcount
-                if removed.rowcount < batch:
-                    break
-        return total
-
-    # ---- nodes --------------------------------------------------------------------------
-
-    def register_node(self, *, node_id: str, hostname: str, pid: int, fleet: str) -> None:
-        """Record this supervisor as running (replacing an earlier row of the same id)."""
-        now = self._now()
-        with self._tx() as conn:
-            conn.execute(delete(nodes).where(nodes.c.node_id == node_id))
-            self._exec(
-                conn,
-                insert(nodes).values(
-                    node_id=node_id,
-                    hostname=hostname,
-                    pid=pid,
-                    fleet=fleet,
-                    started_at=now,
-                    heartbeat_at=now,
-                    state="running",
-                ),
-            )
-
-    def node_heartbeat(self, node_id: str, *, state: str, snapshot: str | None) -> None:
-        """Refresh this node's heartbeat, state and status snapshot."""
-        stmt = (
-            update(nodes)
-            .where(nodes.c.node_id == node_id)
-            .values(heartbeat_at=self._now(), state=state, snapshot=snapshot)
-        )
-        with self._auto() as conn:
-            self._exec(conn, stmt)
-
-    def list_nodes(self) -> list[dict[str, Any]]:
-        """Every node row, with ``age``: seconds since its last heartbeat (by the store's clock)."""
-        query = select(nodes, (self._now() - nodes.c.heartbeat_at).label("age")).order_by(
-            nodes.c.node_id
-        )
-        with self._auto() as conn:
-            return [dict(r._mapping) for r in self._exec(conn, query)]
-
-    def arrivals(self, *, after_id: int | None) -> tuple[dict[str, int], int]:
-        """Jobs enqueued after job ``after_id``, per pool, and the highest id now (ids only
-        grow and are never reused, so this reads only the new rows, by primary key). With
-        ``after_id`` None only the highest id is read: counting starts now. On PostgreSQL a
-        row whose transaction commits after a higher id was read is not counted (a slight
-        undercount under concurrent enqueues; fine for a rate)."""
-        top = select(func.coalesce(func.max(jobs.c.id), 0))
-        with self._auto() as conn:
-            if after_id is None:
-                return {}, int(self._exec(conn, top).scalar_one())
-            rows = self._exec(
-                conn,
-                select(jobs.c.pool, func.count(), func.max(jobs.c.id))
-                .where(jobs.c.id > after_id)
-                .group_by(jobs.c.pool),
-            ).all()
-        counts = {pool: int(n) for pool, n, _ in rows}
-        return counts, max([after_id, *(int(m) for _, _, m in rows)])

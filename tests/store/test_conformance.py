@@ -369,9 +369,9 @@ def test_history_counts_recent_completions_with_durations_and_peaks(store, clock
 
 
 def test_stats_counts_stop_at_the_cap(store, clock, monkeypatch):
-    import supervisor.store.sql as sql
+    import supervisor.store.reads as reads
 
-    monkeypatch.setattr(sql, "STATS_CAP", 5)
+    monkeypatch.setattr(reads, "STATS_CAP", 5)
     store.enqueue_many([job() for _ in range(8)])
     clock.advance(3)
     bulk = store.stats(["bulk"])["bulk"]
