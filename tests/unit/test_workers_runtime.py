@@ -91,7 +91,7 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.sock], [], [], left)[0]:
                 raise TimeoutError("no frame from the worker")
-            got, eof = self.reader.drain(self.sock.fileno())
+            got, eof, _ = self.reader.drain(self.sock.fileno())
             self.inbox.extend(got)
             if eof and not self.inbox:
                 raise EOFError("the worker closed its end")
