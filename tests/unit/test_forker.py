@@ -15,7 +15,7 @@ import pytest
 from supervisor.run.forklink import ForkFailed, start_forker
 from supervisor.run.workerproc import WorkerHandle
 from workers import forker, protocol
-from workers.runtime import WorkerSpec
+from workers.spec import WorkerSpec
 
 
 def noop(payload: object) -> None:

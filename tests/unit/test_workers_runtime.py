@@ -26,7 +26,8 @@ from workers.context import bind, unbind
 from workers.errors import HandlerImportError
 from workers.handlers import load_handlers, resolve
 from workers.protocol import JobDone, JobFailed, Ping, Pong, Ready, Recycling, RunJob
-from workers.runtime import NEAR_LIMIT, WorkerSpec, main
+from workers.runtime import WorkerSpec, main
+from workers.spec import NEAR_LIMIT
 
 MIB = 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
