@@ -178,7 +178,7 @@ def fork_to_ready(forks: int, *, cgroup: bool = False, forker: bool = False) -> 
     from supervisor.run.memcg import MemoryCgroups
     from supervisor.run.workerproc import fork_worker
     from workers import protocol
-    from workers.runtime import WorkerSpec
+    from workers.spec import WorkerSpec
 
     memcg = MemoryCgroups(enabled=cgroup, pid=os.getpid())
     memcg.start()

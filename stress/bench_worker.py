@@ -112,7 +112,7 @@ def _results(sock: socket.socket, reader: protocol.FrameReader, at_least: int) -
     while True:
         if not select.select([sock], [], [], 30.0)[0]:
             raise RuntimeError("no frame from the worker in 30 s")
-        messages, eof = reader.drain(sock.fileno())
+        messages, eof, _ = reader.drain(sock.fileno())
         if eof:
             raise RuntimeError("the worker exited")
         got += sum(isinstance(m, protocol.JobDone) for m in messages)

@@ -28,7 +28,7 @@ from supervisor.schedules import describe
 from supervisor.store import display_url, open_store
 from supervisor.units import format_duration, format_rate, format_size
 from workers import limits, protocol, tree
-from workers.command import CommandSpec
+from workers.command_rules import CommandSpec
 
 
 def plan_for(config_path: str) -> dict[str, Any]:

@@ -50,7 +50,7 @@ class JobContext:
         check it and stop early. The supervisor SIGKILLs the worker a short grace later
         anyway, and whatever the job then returns or raises, it ends cancelled. Only the job
         the cancel named: a late signal meant for the job before it does not count."""
-        if self.id in _slot_cancelled and _slot_jobs.get(self.id) is self:
+        if self.id in slot_cancelled and _slot_jobs.get(self.id) is self:
             return True
         return _cancelled == self.id and _process_job is self
 
@@ -60,7 +60,7 @@ class JobContext:
 # ids of the running slot jobs, and those the parent's CANCEL_SIGNAL named. Written by the
 # slot threads and the signal handler (main thread) under the GIL: single dict/set operations.
 _slot_jobs: dict[int, JobContext] = {}
-_slot_cancelled: set[int] = set()
+slot_cancelled: set[int] = set()
 # called with a job id when a cancel names a running slot job (the asyncio runner cancels
 # its task); set by workers/slots.py
 on_slot_cancel: Callable[[int], None] | None = None
@@ -104,8 +104,8 @@ def _note_slot_cancel() -> None:
     """A cancel in a worker with slots: flag the named job if it runs in a slot. No SIGTERM
     to the worker's group: its other slots' processes are in it too."""
     wanted = _slot.read() if _slot is not None else 0
-    if wanted in _slot_jobs and wanted not in _slot_cancelled:
-        _slot_cancelled.add(wanted)
+    if wanted in _slot_jobs and wanted not in slot_cancelled:
+        slot_cancelled.add(wanted)
         if on_slot_cancel is not None:
             on_slot_cancel(wanted)
 
@@ -115,14 +115,14 @@ def bind_slot(ctx: JobContext) -> contextvars.Token[JobContext | None]:
     slots runs several at once. A cancel signalled before it started counts."""
     _slot_jobs[ctx.id] = ctx
     if _slot is not None and _slot.read() == ctx.id:
-        _slot_cancelled.add(ctx.id)
+        slot_cancelled.add(ctx.id)
     return _CURRENT.set(ctx)
 
 
 def unbind_slot(ctx: JobContext, token: contextvars.Token[JobContext | None]) -> None:
     """Undo ``bind_slot``."""
     _slot_jobs.pop(ctx.id, None)
-    _slot_cancelled.discard(ctx.id)
+    slot_cancelled.discard(ctx.id)
     _CURRENT.reset(token)
 
 

@@ -67,7 +67,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from workers import exitcodes, limits, logs, proctitle, protocol, runtime
+from workers import exitcodes, limits, logs, proctitle, protocol, runtime, warmup
 from workers.errors import HandlerImportError, one_line
 from workers.handlers import Handler, resolve
 
@@ -235,7 +235,7 @@ def serve(sock: socket.socket, parent: int) -> int:
     _signal.signal(signal.SIGINT, _signal.SIG_IGN)
     _signal.signal(signal.SIGTERM, _signal.SIG_IGN)
     _signal.signal(signal.SIGCHLD, _signal.SIG_DFL)
-    runtime.prepare_forker()  # after the imports: what a worker needs, done here once
+    warmup.prepare_forker()  # after the imports: what a worker needs, done here once
     forker = _Forker(sock, handlers)
     try:
         forker.run()

@@ -13,7 +13,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from workers.command import CommandHandler, CommandSpec
+from workers.command import CommandHandler
+from workers.command_rules import CommandSpec
 from workers.errors import HandlerImportError, one_line
 
 Handler = Callable[[Any], Any]

@@ -67,7 +67,7 @@ PR_SET_PDEATHSIG = 1
 # child opens its own (the inherited one is left open: it is the parent's). A hook, not a pid
 # check: that was two getpid system calls a job. A process forked by C code without Python's
 # hooks (no ``os.fork``) would keep them: the worker ends such a child when the handler that
-# made it returns (workers/runtime.py). Owned by the worker's main thread.
+# made it returns (workers/worker.py). Owned by the worker's main thread.
 _proc_fds: dict[str, int] = {}
 os.register_at_fork(after_in_child=_proc_fds.clear)
 _HWM = re.compile(rb"VmHWM:\s+(\d+)")

@@ -44,12 +44,12 @@ def call(handler: Callable[[Any], Any], payload: Any) -> Outcome:
     try:
         outcome = Outcome(result=handler(payload))
     except BaseException as exc:  # SystemExit and KeyboardInterrupt from a handler too
-        outcome = _failure(exc)
+        outcome = failure(exc)
     outcome.duration = time.monotonic() - start
     return outcome
 
 
-def _failure(exc: BaseException) -> Outcome:
+def failure(exc: BaseException) -> Outcome:
     """Classify and describe a handler's exception, freeing its frames first.
 
     After a refused allocation the handler's locals (a half-built list of chunks) may hold

@@ -350,11 +350,13 @@ class FrameReader:
         """Bytes of an incomplete frame held back (non-zero at EOF means a truncated frame)."""
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[Message]:
-        """Append ``data``; return every message now complete, in order."""
+    def feed(self, data: bytes, out: list[Message] | None = None) -> list[Message]:
+        """Append ``data``; return every message now complete, in order (appended to ``out``
+        when given: on a ``ProtocolError`` it holds the messages decoded before the bad frame)."""
         buf = self._buf
         buf += data
-        out: list[Message] = []
+        if out is None:
+            out = []
         while len(buf) >= HEADER.size:
             (size,) = HEADER.unpack_from(buf)
             if size > self._max_size:
@@ -367,15 +369,23 @@ class FrameReader:
             out.append(decode_body(body))
         return out
 
-    def drain(self, fd: int, bufsize: int = 65536) -> tuple[list[Message], bool]:
-        """Everything a non-blocking fd holds now, decoded, and whether it reached EOF. (A
-        pipelining worker that exits can leave more than one read's worth behind it.)"""
+    def drain(
+        self, fd: int, bufsize: int = 65536
+    ) -> tuple[list[Message], bool, ProtocolError | OSError | None]:
+        """Everything a non-blocking fd holds now, decoded; whether it reached its end; and
+        what broke it, if anything (a bad frame, a read error such as a reset), which ends it
+        too. The messages decoded before the break come first, all of them: one read can hold
+        a result and then a bad frame. (A pipelining worker that exits can leave more than one
+        read's worth behind it.)"""
         out: list[Message] = []
-        while True:
-            try:
-                data = os.read(fd, bufsize)
-            except BlockingIOError:
-                return out, False
-            if not data:
-                return out, True
-            out.extend(self.feed(data))
+        try:
+            while True:
+                try:
+                    data = os.read(fd, bufsize)
+                except BlockingIOError:
+                    return out, False, None
+                if not data:
+                    return out, True, None
+                self.feed(data, out)
+        except (ProtocolError, OSError) as exc:
+            return out, True, exc

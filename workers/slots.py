@@ -44,15 +44,17 @@ from collections import deque
 from typing import Any
 
 from workers import context, exitcodes, limits, proctitle, protocol
-from workers.outcome import Outcome, _failure, call
-from workers.runtime import _Exit, _flush_stdio, _Worker
+from workers.exiting import WorkerExit, flush_stdio
+from workers.outcome import Outcome, call, failure
+from workers.spec import WorkerSpec
+from workers.worker import Worker
 
 
-class SlotWorker(_Worker):
-    """A ``_Worker`` whose jobs run in slots. ``running`` and ``recycle`` are shared with the
+class SlotWorker(Worker):
+    """A ``Worker`` whose jobs run in slots. ``running`` and ``recycle`` are shared with the
     slot threads and guarded by ``lock``; everything else is the main thread's."""
 
-    def __init__(self, conn_fd: int, spec: Any) -> None:
+    def __init__(self, conn_fd: int, spec: WorkerSpec) -> None:
         super().__init__(conn_fd, spec)
         self.lock = threading.Lock()  # running, recycle, jobs_done, the alarm, sends
         self.running: dict[int, float] = {}  # job id -> monotonic backstop instant
@@ -65,7 +67,7 @@ class SlotWorker(_Worker):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: dict[int, asyncio.Task[Any]] = {}  # the loop thread's
 
-    def _rlimit_headroom(self) -> int:
+    def rlimit_headroom(self) -> int:
         threading.stack_size(limits.SLOT_STACK)  # before the first slot's thread
         return self.spec.rlimit_headroom + limits.slot_stacks(self.spec.slots)
 
@@ -77,26 +79,26 @@ class SlotWorker(_Worker):
                 if fd == self.wake_r:
                     self._drain_wake()
                 else:
-                    self._receive()
+                    self.receive()
             while self.inbox:
                 self._act(self.inbox.popleft())
             self._start_waiting()
             with self.lock:
                 done = self.recycle is not None and not self.running
             if done:
-                raise _Exit(exitcodes.RECYCLE)
+                raise WorkerExit(exitcodes.RECYCLE)
 
     def _act(self, msg: protocol.Message) -> None:
         if isinstance(msg, protocol.RunJob):
             self.arrived[msg.job_id] = time.time()
             self.waiting.append(msg)
         elif isinstance(msg, protocol.Ping):
-            self._send(protocol.Pong(msg.seq, limits.current_rss()))
+            self.send(protocol.Pong(msg.seq, limits.current_rss()))
         elif isinstance(msg, protocol.Shutdown):
-            raise _Exit(exitcodes.OK)
+            raise WorkerExit(exitcodes.OK)
         else:
             why = f"unexpected {type(msg).__name__} frame from the parent"
-            raise _Exit(exitcodes.PROTOCOL_ERROR, why)
+            raise WorkerExit(exitcodes.PROTOCOL_ERROR, why)
 
     def _drain_wake(self) -> None:
         try:
@@ -112,22 +114,22 @@ class SlotWorker(_Worker):
                 recycling = self.recycle is not None
                 full = len(self.running) >= self.spec.slots
             if recycling:
-                self._return_waiting_jobs()
+                self.return_waiting_jobs()
                 return
             if full:
                 return
             self._start(self.waiting.popleft())
 
-    def _return_waiting_jobs(self) -> None:
+    def return_waiting_jobs(self) -> None:
         for job in self.waiting:
             self.arrived.pop(job.job_id, None)
         self.inbox.extend(self.waiting)
         self.waiting.clear()
-        super()._return_waiting_jobs()
+        super().return_waiting_jobs()
 
-    def _send_bytes(self, frame: bytes) -> None:
+    def send_bytes(self, frame: bytes) -> None:
         with self.lock:
-            super()._send_bytes(frame)
+            super().send_bytes(frame)
 
     def _start(self, job: protocol.RunJob) -> None:
         spec = self.spec
@@ -156,7 +158,7 @@ class SlotWorker(_Worker):
             # fails, the worker and its other slots live on
             why = f"could not start a thread for the job's slot: {exc}"
             outcome = Outcome(error_kind=protocol.EXCEPTION, message=why)
-            self._finish(job, self._failed(job, outcome))
+            self._finish(job, self.failed(job, outcome))
 
     # --- the slots ---
 
@@ -176,7 +178,7 @@ class SlotWorker(_Worker):
                 finally:
                     self._check_fork()
                     context.unbind_slot(ctx, token)
-                frame = self._reply(job, outcome)
+                frame = self.reply(job, outcome)
         finally:
             self._finish(job, frame)
 
@@ -193,7 +195,7 @@ class SlotWorker(_Worker):
             task = asyncio.current_task()
             if task is not None:
                 self.tasks[job.job_id] = task
-            if job.job_id in context._slot_cancelled and task is not None:
+            if job.job_id in context.slot_cancelled and task is not None:
                 task.cancel()  # cancelled before it started
             try:
                 outcome = await _await_outcome(handler, payload, job.deadline)
@@ -201,7 +203,7 @@ class SlotWorker(_Worker):
                 self.tasks.pop(job.job_id, None)
                 self._check_fork()
                 context.unbind_slot(ctx, token)
-            frame = self._reply(job, outcome)
+            frame = self.reply(job, outcome)
         finally:
             self._finish(job, frame)
 
@@ -210,12 +212,12 @@ class SlotWorker(_Worker):
         handler = self.spec.handlers.get(job.kind)
         if handler is None:
             why = f"no handler for kind {job.kind!r} in pool {self.spec.pool!r}"
-            return self._failed(job, Outcome(error_kind=protocol.EXCEPTION, message=why))
+            return self.failed(job, Outcome(error_kind=protocol.EXCEPTION, message=why))
         try:
             return handler, json.loads(job.payload)
         except ValueError as exc:
             why = f"payload is not valid JSON: {exc}"
-            return self._failed(job, Outcome(error_kind=protocol.PERMANENT, message=why))
+            return self.failed(job, Outcome(error_kind=protocol.PERMANENT, message=why))
 
     def _check_fork(self) -> None:
         if os.getpid() != self.pid:  # a handler forked and its child came back here
@@ -232,17 +234,17 @@ class SlotWorker(_Worker):
             idle = not self.running
         try:
             if frame:
-                self._send_bytes(frame)
-            _flush_stdio()
+                self.send_bytes(frame)
+            flush_stdio()
             if self.recycle is None:
-                reason = self._recycle_reason()
+                reason = self.recycle_reason()
             if reason is not None:
                 with self.lock:
                     said, self.recycle = self.recycle is not None, reason
                 if not said:
-                    self._send(protocol.Recycling(reason))
-        except _Exit as stop:  # the parent is gone: nothing to run for
-            _flush_stdio()
+                    self.send(protocol.Recycling(reason))
+        except WorkerExit as stop:  # the parent is gone: nothing to run for
+            flush_stdio()
             os._exit(stop.code)
         if idle:
             proctitle.set_title(proctitle.title_idle(self.spec.pool, self.spec.slot))
@@ -300,7 +302,7 @@ async def _await_outcome(handler: Any, payload: Any, deadline: float) -> Outcome
             why = "ran past its timeout: its task was cancelled at the deadline"
             outcome = Outcome(error_kind=protocol.TIMEOUT, message=why)
         else:
-            outcome = _failure(exc)
+            outcome = failure(exc)
     outcome.duration = time.monotonic() - start
     return outcome
 
@@ -309,5 +311,5 @@ def _context(job: protocol.RunJob, pool: str) -> context.JobContext:
     return context.JobContext(job.job_id, job.kind, job.attempt, job.deadline, pool)
 
 
-def _title(spec: Any, running: int) -> str:
+def _title(spec: WorkerSpec, running: int) -> str:
     return f"fleetd: {spec.pool}#{spec.slot} {running}/{spec.slots} slots busy"

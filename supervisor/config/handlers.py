@@ -14,7 +14,7 @@ from pydantic import BeforeValidator
 
 from supervisor.config.keys import unknown_key
 from supervisor.config.values import Problem, check_duration, optional
-from workers.command import CommandSpec, placeholder_names
+from workers.command_rules import CommandSpec, placeholder_names
 
 
 def check_handler(value: Any) -> str | CommandSpec:

@@ -35,7 +35,7 @@ from supervisor.config.values import (
     matching,
     optional,
 )
-from workers.command import CommandSpec
+from workers.command_rules import CommandSpec
 
 _MiB = 2**20
 

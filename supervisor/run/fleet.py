@@ -512,15 +512,13 @@ class Fleet:
         """Handle every frame the worker has written so far, in order (a result makes the next
         job of a pipeline current)."""
         assert self.loop is not None
-        try:
-            messages, eof = worker.reader.drain(worker.fd)
-        except (protocol.ProtocolError, OSError) as exc:
+        messages, eof, broken = worker.reader.drain(worker.fd)
+        if broken is not None:  # the frames before it are handled below; then it is at EOF
             # a reset from a worker this supervisor stopped is expected; from any other it
             # comes with an exit the classifier reports, so this line only adds the detail
             stopped = worker.kill_reason is not None or worker.state == WorkerState.STOPPING
             level = logging.DEBUG if stopped else logging.WARNING
-            log.log(level, "worker %s: broken frame: %s", worker.name, exc)
-            messages, eof = [], True
+            log.log(level, "worker %s: broken frame: %s", worker.name, broken)
         now = self.clock.monotonic() if now is None else now
         self.pinger.on_messages(worker, messages, now)
         for msg in messages:

@@ -183,7 +183,7 @@ def test_what_a_handler_logs_comes_out_in_the_fleets_log_format(fleet: Harness) 
 def test_workers_drop_the_signal_setup_handler_modules_left_in_the_forker(
     fleet: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the forker notes what its imports set up (runtime.prepare_forker) and keeps it; each
+    # the forker notes what its imports set up (warmup.prepare_forker) and keeps it; each
     # worker undoes it: a library's handler, a wake-up fd, the forker's blocked signals
     monkeypatch.setenv("FLEETD_TEST_FORKER_WAKEUP_FD", "1")
     fleet.configure({"p": {"handlers": {"state": FORKER_HANDLERS + "signal_state"}}})

@@ -91,6 +91,31 @@ def refuse_results_containing(store, marker: str) -> None:
             )
 
 
+def test_a_result_read_with_a_bad_frame_behind_it_is_kept(fleet: Harness) -> None:
+    """One read from the worker brings the job's JobDone and then a frame that is not JSON:
+    the supervisor takes the result, then treats the stream as broken (the worker exits 3).
+    The job ends done with that result, not crashed by the exit."""
+    fleet.configure(
+        {
+            "p": {
+                "handlers": handlers("result_then_garbage", "echo"),
+                "min_workers": 1,
+                "max_workers": 1,
+                "max_deliveries": 1,
+            }
+        }
+    )
+    sup = fleet.start()
+    job_id = fleet.enqueue("result_then_garbage")
+    (job,) = fleet.wait_final([job_id], timeout=20, watch=[sup])
+    assert job.state == JobState.DONE and job.error_kind is None, job
+    assert job.result == {"written": "by the handler"} and job.attempts == 1, job
+    assert "broken frame" in sup.log()
+    (after,) = fleet.wait_final([fleet.enqueue("echo", {"n": 1})], timeout=20, watch=[sup])
+    assert after.state == JobState.DONE, after  # a new worker took over
+    sup.check_alive()
+
+
 def test_a_result_the_database_refuses_fails_that_job_alone(fleet: Harness) -> None:
     fleet.configure({"p": {"handlers": handlers("echo"), "min_workers": 2, "max_workers": 2}})
     refuse_results_containing(fleet.store, "poison")

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workers import Permanent, current_job
+from workers import Permanent, current_job, protocol
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -317,6 +317,32 @@ def hostile(payload: Payload) -> Any:
     if how == "raise_unprintable":
         raise _UnprintableError()
     raise ValueError(f"unknown how {how!r}")
+
+
+def result_then_garbage(payload: Payload) -> None:
+    """Write, in one write on the worker's connection to its parent, this job's ``JobDone``
+    (result ``{"written": "by the handler"}``) and then a frame that is not JSON; then end
+    the worker (exit 3), as one whose stream broke would. The connection is the worker's one
+    socket past stdio."""
+    sockets = [
+        int(name)
+        for name in os.listdir("/proc/self/fd")
+        if int(name) > 2 and _is_socket(f"/proc/self/fd/{name}")
+    ]
+    if len(sockets) != 1:
+        raise RuntimeError(f"not one socket past stdio: {sockets}")
+    done = protocol.JobDone(current_job().id, '{"written": "by the handler"}', 0.0, None)
+    garbage = protocol.HEADER.pack(5) + b"nope!"
+    record(payload, time.time(), None, "exit")
+    os.write(sockets[0], protocol.encode(done) + garbage)
+    os._exit(3)
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return os.readlink(path).startswith("socket:")
+    except OSError:  # the listing's own fd, closed by now
+        return False
 
 
 @recorded

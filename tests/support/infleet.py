@@ -32,7 +32,7 @@ from supervisor.run.storelink import InlineLink
 from supervisor.run.workerproc import WorkerHandle, fork_worker
 from supervisor.store import Store, open_store
 from tests.integration.fleet import write_config
-from workers.runtime import WorkerSpec
+from workers.spec import WorkerSpec
 
 
 class HandLoop:

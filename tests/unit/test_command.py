@@ -1,9 +1,10 @@
-"""Command handlers' pure decisions (workers/command.py) and their config (supervisor/config.py):
-argv substitution, the result of stdout, how an ending is classified, and the one-line errors
-of a bad handler table."""
+"""Command handlers' pure decisions (workers/command_rules.py), their runner (workers/command.py)
+and their config (supervisor/config/): argv substitution, the result of stdout, how an ending
+is classified, and the one-line errors of a bad handler table."""
 
 from __future__ import annotations
 
+import doctest
 import errno
 import os
 import signal
@@ -14,10 +15,10 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.errors import ConfigError
-from workers import command, protocol, scratch, tree
-from workers.command import (
+from workers import command, command_rules, protocol, scratch, tree
+from workers.command import CommandHandler
+from workers.command_rules import (
     RESULT_TEXT,
-    CommandHandler,
     CommandSpec,
     Ending,
     MissingField,
@@ -29,6 +30,12 @@ from workers.command import (
 )
 
 SPEC = CommandSpec(("/usr/bin/pdftotext", "{path}", "-"), 5.0, frozenset({2, 65}))
+
+
+def test_doctests_pass() -> None:
+    result = doctest.testmod(command_rules)
+    assert result.attempted > 0 and result.failed == 0
+
 
 # ---- substitute ----
 

@@ -12,7 +12,7 @@ from supervisor.config.fleet import FleetConfig, MemoryBudget
 from supervisor.config.pool import PoolConfig
 from supervisor.config.schedule import ScheduleConfig
 from supervisor.errors import ConfigError, UnknownKind
-from workers.command import CommandSpec
+from workers.command_rules import CommandSpec
 
 MiB, GiB = 2**20, 2**30
 EXAMPLE = Path(__file__).resolve().parents[2] / "conf" / "fleet.example.toml"

@@ -15,7 +15,7 @@ import pytest
 from supervisor.run.forklink import ForkFailed, start_forker
 from supervisor.run.workerproc import WorkerHandle
 from workers import forker, protocol
-from workers.runtime import WorkerSpec
+from workers.spec import WorkerSpec
 
 
 def noop(payload: object) -> None:
@@ -139,7 +139,8 @@ def test_a_forker_out_of_descriptors_fails_the_fork_rather_than_drop_one() -> No
 
 def test_handlers_are_named_by_the_config_then_their_qualified_name_else_pickled() -> None:
     from supervisor.run.forklink import handler_table
-    from workers.command import CommandHandler, CommandSpec
+    from workers.command import CommandHandler
+    from workers.command_rules import CommandSpec
 
     command = CommandHandler(CommandSpec(argv=("true",)))
     table = handler_table(

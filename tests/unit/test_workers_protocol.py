@@ -179,12 +179,47 @@ def test_reader_drains_a_nonblocking_fd() -> None:
     with a, b:
         a.setblocking(False)
         reader = FrameReader()
-        assert reader.drain(a.fileno()) == ([], False)
+        assert reader.drain(a.fileno()) == ([], False, None)
         b.sendall(protocol.encode(Ready(5)) + protocol.encode(Ping(6)))
-        assert reader.drain(a.fileno()) == ([Ready(5), Ping(6)], False)
+        assert reader.drain(a.fileno()) == ([Ready(5), Ping(6)], False, None)
         b.sendall(protocol.encode(Pong(6, None)))
         b.close()
-        assert reader.drain(a.fileno()) == ([Pong(6, None)], True)  # the last frames, then EOF
+        # the last frames, then EOF
+        assert reader.drain(a.fileno()) == ([Pong(6, None)], True, None)
+
+
+def test_a_bad_frame_keeps_the_frames_before_it_in_the_same_read() -> None:
+    done = JobDone(7, '{"ok": true}', 0.25, 4096)
+    garbage = protocol.HEADER.pack(5) + b"nope!"
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        b.sendall(protocol.encode(Pong(1, None)) + protocol.encode(done) + garbage)
+        messages, eof, broken = FrameReader().drain(a.fileno())
+    assert messages == [Pong(1, None), done]  # the result, then the error
+    assert eof and isinstance(broken, ProtocolError)
+
+
+def test_feed_leaves_the_frames_before_a_bad_one_in_the_list_it_was_given() -> None:
+    out: list[protocol.Message] = []
+    with pytest.raises(ProtocolError):
+        FrameReader().feed(protocol.encode(Ping(3)) + body([2, "Exec", "rm"]), out)
+    assert out == [Ping(3)]
+
+
+def test_a_read_error_keeps_the_frames_read_before_it() -> None:
+    # a worker that exits with frames of ours unread resets the connection: the next read
+    # after its last frames fails (ECONNRESET) instead of reaching EOF
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        b.setblocking(False)
+        a.sendall(protocol.encode(Ping(2)))  # left unread in b
+        b.sendall(protocol.encode(Pong(2, None)))
+        b.close()
+        messages, eof, broken = FrameReader().drain(a.fileno(), bufsize=16)
+    assert messages == [Pong(2, None)] and eof
+    assert isinstance(broken, ConnectionResetError)
 
 
 def test_exit_codes_are_distinct_and_named() -> None:

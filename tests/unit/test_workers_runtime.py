@@ -26,7 +26,8 @@ from workers.context import bind, unbind
 from workers.errors import HandlerImportError
 from workers.handlers import load_handlers, resolve
 from workers.protocol import JobDone, JobFailed, Ping, Pong, Ready, Recycling, RunJob
-from workers.runtime import NEAR_LIMIT, WorkerSpec, main
+from workers.runtime import WorkerSpec, main
+from workers.spec import NEAR_LIMIT
 
 MIB = 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
@@ -91,7 +92,7 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.sock], [], [], left)[0]:
                 raise TimeoutError("no frame from the worker")
-            got, eof = self.reader.drain(self.sock.fileno())
+            got, eof, _ = self.reader.drain(self.sock.fileno())
             self.inbox.extend(got)
             if eof and not self.inbox:
                 raise EOFError("the worker closed its end")
