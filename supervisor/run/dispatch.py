@@ -19,9 +19,7 @@ them for every host at once. A pool with rate limits claims through ``claim_rate
 (supervisor/store/rated.py), which spends its token buckets and says when the next token is
 due (``Pool.rate_gate``), so a rate-held backlog costs no polling. A retry of a job this node
 failed brings the pool's poll forward to when it becomes due (so retries keep their backoff
-instead of waiting for an idle pool's slow poll). When the store is unreachable every write
-stays in the outbox and is retried with backoff; nothing is dropped. Owned by the
-supervisor's main thread.
+instead of waiting for an idle pool's slow poll). Owned by the supervisor's main thread.
 """
 
 from __future__ import annotations
@@ -69,8 +67,9 @@ class Dispatcher:
         self.counters = counters
         self.rng = rng or random.Random()
         self.health = StoreHealth(counters)
-        capped = {name for name, pool in pools.items() if pool.limits.capped}
-        self.outbox = Outbox(link, capped, counters, self.health, clock.monotonic)
+        # pools under a fleet-wide cap (``Pool.limits`` builds its value at each call)
+        self.capped = {name for name, pool in pools.items() if pool.limits.capped}
+        self.outbox = Outbox(link, self.capped, counters, self.health, clock.monotonic)
         self.outbox.on_freed = lambda name: self.wake(self.pools[name])
         self.outbox.on_retry_due = self._retry_due
         self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
@@ -143,16 +142,19 @@ class Dispatcher:
         ):
             return
         depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
-        workers = pool.workers.values()
-        rooms = [
-            Room(w.room(depth, max_jobs), w.held())
-            for w in workers
-            if (job := w.job) is None or not behind_long_job(w.slots, job.started, now)
-        ]
+        rooms: list[Room] = []  # of the workers not behind a long job (nothing goes behind)
+        live, booting = False, 0  # workers not stopping; of them, starting ones
+        for w in pool.workers.values():  # one pass: this runs on every pass of the loop
+            state = w.state
+            if state != WorkerState.STOPPING:
+                live = True
+                booting += state == WorkerState.STARTING
+            if (job := w.job) is None or not behind_long_job(w.slots, job.started, now):
+                rooms.append(Room(w.room(depth, max_jobs), w.held()))
         plan = claim_plan(
             rooms,
-            live=any(w.state != WorkerState.STOPPING for w in workers),
-            booting=sum(1 for w in workers if w.state == WorkerState.STARTING),
+            live=live,
+            booting=booting,
             boot_failures=pool.boot_failures,
             cap=pool.running_cap(),
             depth=depth,
@@ -164,7 +166,7 @@ class Dispatcher:
             next_poll_at=pool.next_poll_at,
             empty_claims=pool.empty_claims,
             arms_claims=getattr(self.link, "arms_claims", False),
-            capped=pool.limits.capped,
+            capped=pool.name in self.capped,
             rated=pool.rate is not None,
             draining=self.draining,
         )
@@ -294,9 +296,9 @@ class Dispatcher:
                 except protocol.FrameTooLarge as exc:  # no worker could ever take it
                     frames.append(exc)
                     yield None
-                    continue
-                frames.append(frame)
-                yield len(frame)
+                else:
+                    frames.append(frame)
+                    yield len(frame)
 
         plan = send_plan(
             rooms,
