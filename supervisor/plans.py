@@ -1,5 +1,16 @@
-"""Pure claim planning: how many jobs a pool claims now. Values in, values out (tested with
-tables in tests/unit/test_plans.py); the dispatcher gathers each worker's room and acts.
+"""Pure claim planning: whether a pool claims now, how many jobs, and whether the claim waits
+armed in the store process. Values in, values out (tested with tables in
+tests/unit/test_plans.py); the dispatcher gathers its pools' and workers' facts and acts
+(supervisor/run/dispatch.py ``claim``).
+
+A pool claims only with no claim in flight, unpaused, past its rate gate (its next token, said
+by the last rated claim's reply), with a worker that could run what it claims (not all
+stopping), while the store is not backing off, and when its adaptive poll is due (a wake-up
+makes it due at once). A pool whose last claim found nothing does not wait for its poll: it
+arms its claim in the store process, which runs it the moment a wake-up names the pool (or
+when the poll is due), saving the pickup a round trip to the loop; not a pool under a
+fleet-wide cap (it wakes on freed room in the loop), nor a rated one, nor during a drain, nor
+on a link that cannot arm claims.
 
 A pool claims for its workers' free room plus ``prefetch``. For a pool of short jobs that
 pipelines (``depth`` > 1) room is what its workers may still be sent, and it claims
@@ -32,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 HELD_AT_LEAST = 64  # jobs a pipelining pool holds, at least (claims of half that, or more)
 AHEAD_PIPELINES = 4  # a pipelining pool's capacity claimed ahead of it (see above)
@@ -78,3 +90,82 @@ def claim_size(rooms: Sequence[Room], *, depth: int, prefetch: int, buffered: in
     if want <= 0 or not (depth == 1 or 2 * want >= capacity):
         return 0
     return want
+
+
+class ClaimPlan(NamedTuple):
+    """A claim to send: ``want`` jobs; ``arm``: it waits in the store process for a wake-up."""
+
+    want: int
+    arm: bool
+
+
+def may_claim(*, in_flight: bool, paused: bool, now: float, rate_gate: float) -> bool:
+    """Whether a pool may claim at all now (the cheap gates, before its rooms are gathered):
+    none in flight, not paused (nothing of it starts), its rate's next token due.
+
+    >>> may_claim(in_flight=False, paused=False, now=5.0, rate_gate=5.0)
+    True
+    >>> may_claim(in_flight=False, paused=False, now=5.0, rate_gate=5.5)
+    False
+    """
+    return not in_flight and not paused and now >= rate_gate
+
+
+def within_cap(rooms: list[Room], cap: int | None) -> list[Room]:
+    """The rooms a claim may fill when at most ``cap`` workers may hold jobs (a pool that
+    keeps a spare): every busy worker's, and idle ones' only up to the cap.
+
+    >>> within_cap([Room(1, 0), Room(0, 1), Room(1, 0)], 2)
+    [Room(free=0, held=1), Room(free=1, held=0)]
+    """
+    if cap is None:
+        return rooms
+    busy = [r for r in rooms if r.held]
+    idle = [r for r in rooms if not r.held][: max(0, cap - len(busy))]
+    return busy + idle
+
+
+def claim_plan(
+    rooms: list[Room],
+    *,
+    live: bool,
+    booting: int,
+    boot_failures: int,
+    cap: int | None,
+    depth: int,
+    slots: int,
+    prefetch: int,
+    buffered: int,
+    now: float,
+    store_retry_at: float,
+    next_poll_at: float,
+    empty_claims: int,
+    arms_claims: bool,
+    capped: bool,
+    rated: bool,
+    draining: bool,
+) -> ClaimPlan | None:
+    """The claim a pool sends now, or None (for a pool ``may_claim`` let through).
+
+    ``rooms``: its ready workers' (none behind a long job: nothing goes behind it); ``live``:
+    a worker not stopping exists; ``booting`` workers are starting, each taking one job the
+    moment it is Ready unless the pool's workers fail at boot (``boot_failures``); ``cap``:
+    ``Pool.running_cap``; ``depth``: the pipeline's; a worker with ``slots`` runs what it is
+    sent, so nothing is claimed ahead of its slots (a lease held idle). Then the store's
+    backoff (``store_retry_at``) and the poll (``next_poll_at``; ``empty_claims``: claims in a
+    row that found nothing) decide when, ``arms_claims`` (the link's), ``capped``, ``rated``
+    and ``draining`` whether it may wait armed instead.
+    """
+    if not live:  # no worker could run what is claimed (none yet, or all stopping)
+        return None
+    if booting and boot_failures == 0:
+        rooms = rooms + [Room(1, 0)] * booting
+    rooms = within_cap(rooms, cap)
+    ahead = 1 if slots > 1 else depth
+    want = claim_size(rooms, depth=ahead, prefetch=prefetch, buffered=buffered)
+    if not want or now < store_retry_at:
+        return None
+    if now >= next_poll_at:
+        return ClaimPlan(want, False)
+    arm = empty_claims > 0 and arms_claims and not capped and not rated and not draining
+    return ClaimPlan(want, True) if arm else None

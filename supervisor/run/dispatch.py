@@ -3,35 +3,29 @@
     store ──claim (reply)──> buffer ──RunJob──> worker ──JobDone/JobFailed──> Outbox ──> store
                                │                  │                             ^
                                └── release (drain)┴── exit: classify ──fail/release┘
+    decisions: whether and how much to claim (supervisor/plans.py), which buffered job goes to
+    which worker (supervisor/sendplan.py); both pure, acted on here. Results and exits:
+    ``Results`` (run/results.py) into the ``Outbox`` (run/outbox.py), one batch in flight.
     leases: ``LeaseKeeper`` (run/leases.py) extends them every heartbeat and kills a worker
-    whose lease is lost or ran out; results: ``Outbox`` (run/outbox.py), one batch in flight.
+    whose lease is lost or ran out.
 
 Every store call is a message to a store process (run/storelink.py) answered later through the
 loop: one claim per pool is in flight at a time; its reply fills the buffer and hands out at
 once. An idle pool arms its claim in the store process, which runs it when a wake-up (a
 NOTIFY, a datagram on SQLite) names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and
-``DISARM`` adjust it).
-
-Claims pass the pool's fleet-wide caps and its order between tenants (``ClaimLimits``: fair
-share and weights) and retry budget to the store, which enforces them for every host at once;
-failures carry the budget too. A pool with rate limits claims through ``claim_rated``
+``DISARM`` adjust it). Claims pass the pool's fleet-wide caps, its order between tenants
+(``ClaimLimits``: fair share and weights) and its retry budget to the store, which enforces
+them for every host at once. A pool with rate limits claims through ``claim_rated``
 (supervisor/store/rated.py), which spends its token buckets and says when the next token is
-due: no claim of that pool (or of a drained kind) goes out before then, whatever wakes it
-(``Pool.rate_gate``), so a rate-held backlog costs no polling. Claims are sized by the workers'
-room (an idle worker; for a pool of short jobs, what its pipeline may still hold, see
-``claim``) plus ``prefetch``, and happen only when a wake-up came, the pool's adaptive poll is
-due, or a retry of a job this node failed becomes due (so retries keep their backoff instead of
-waiting for an idle pool's slow poll). Results are written in batches: failures and releases on
-the pass that saw them, acks up to ``ACK_WAIT`` later. When the store is unreachable every
-write stays in the outbox and is retried with backoff; nothing is dropped. Owned by the
-supervisor's main thread.
+due (``Pool.rate_gate``), so a rate-held backlog costs no polling. A retry of a job this node
+failed brings the pool's poll forward to when it becomes due (so retries keep their backoff
+instead of waiting for an idle pool's slow poll). Owned by the supervisor's main thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
-import logging
 import math
 import random
 from collections import deque
@@ -39,29 +33,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from supervisor.clock import Clock
-from supervisor.model import ErrorKind, Failure, Lease, RetryBudget
-from supervisor.plans import Room, claim_size
-from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
+from supervisor.model import ErrorKind, Lease
+from supervisor.plans import Room, claim_plan, may_claim
+from supervisor.policy import KillKind, KillReason, poll_delay
 from supervisor.run.counters import Counters
-from supervisor.run.exits import ExitVerdict, job_verdicts
 from supervisor.run.leases import Buffered, LeaseKeeper
-from supervisor.run.outbox import Outbox, StoreHealth, log_job
+from supervisor.run.outbox import Outbox, StoreHealth
 from supervisor.run.pool import Pool
+from supervisor.run.results import Results
+from supervisor.run.results import retry_budget as _budget
 from supervisor.run.storecalls import claimed_job
 from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, RETIME, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
-from supervisor.storable import UnstorableResult, storable_message, storable_result
+from supervisor.sendplan import UNSENDABLE, behind_long_job, send_plan, send_room
 from supervisor.store.rated import RatedRows
-from supervisor.units import format_duration
-from workers import exitcodes, protocol
-
-log = logging.getLogger("fleetd.dispatch")
-
-PIPELINE_BYTES = 64 * 1024  # frame bytes queued behind a worker's running job, at most
-# nothing more is queued behind a job running longer than this: it is not a short one. Well
-# above the pipeline's budget: on two cores a busy worker can go unscheduled for milliseconds
-QUEUE_BEHIND_AT_MOST = 0.05
-JOB_RESULTS = (protocol.JobDone, protocol.JobFailed)
+from workers import protocol
 
 
 class Dispatcher:
@@ -81,8 +67,9 @@ class Dispatcher:
         self.counters = counters
         self.rng = rng or random.Random()
         self.health = StoreHealth(counters)
-        capped = {name for name, pool in pools.items() if pool.limits.capped}
-        self.outbox = Outbox(link, capped, counters, self.health, clock.monotonic)
+        # pools under a fleet-wide cap (``Pool.limits`` builds its value at each call)
+        self.capped = {name for name, pool in pools.items() if pool.limits.capped}
+        self.outbox = Outbox(link, self.capped, counters, self.health, clock.monotonic)
         self.outbox.on_freed = lambda name: self.wake(self.pools[name])
         self.outbox.on_retry_due = self._retry_due
         self.buffer: dict[str, deque[Buffered]] = {name: deque() for name in pools}
@@ -96,6 +83,15 @@ class Dispatcher:
         self.woken: set[str] = set()  # pools woken while their claim was in flight
         self.armed: set[str] = set()  # pools whose claim waits in the store for a wake-up
         self.draining = False  # nothing more is handed out; late claims go back at once
+        self.results = Results(pools, self.outbox, clock, counters, self.rng, self._ready)
+        # a worker's frames and its exit (bound once: each frame of each job comes here)
+        self.on_message = self.results.on_message
+        self.on_exit = self.results.on_exit
+        # the leases' (run/leases.py), as the loop asks for them (changed in place only)
+        self.heartbeat = self.leases.heartbeat
+        self.expire_unheld = self.leases.expire_unheld
+        self.extending = self.leases.extending
+        self.next_heartbeat = self.leases.next_heartbeat
 
     @property
     def store_retry_at(self) -> float:
@@ -136,48 +132,48 @@ class Dispatcher:
             self.link.submit(RETIME, name, wait, on_reply=lambda reply: None)
 
     def claim(self, pool: Pool, now: float) -> None:
-        """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
-        worker that holds nothing, or, for a pool that pipelines (short jobs), what its
-        workers may still be sent (none behind a job running long); such a pool also claims
-        several pipelines' worth ahead, and only once half its capacity is missing, so one
-        claim serves many jobs (supervisor/plans.py). One claim per pool is in flight at a time."""
-        if pool.name in self.claiming or pool.paused:  # paused: nothing of it starts
+        """Claim for this pool's free room plus ``prefetch`` when ``plans.claim_plan`` says so
+        (its poll due, or armed in the store process). Room is a worker that holds nothing,
+        or, for a pool that pipelines (short jobs), what its workers may still be sent (none
+        behind a job running long). One claim per pool is in flight at a time."""
+        gate = pool.rate_gate()  # no token yet: the reply of the last claim said when
+        if not may_claim(
+            in_flight=pool.name in self.claiming, paused=pool.paused, now=now, rate_gate=gate
+        ):
             return
-        if now < pool.rate_gate():  # no token yet: the reply of the last claim said when
-            return
-        if not any(w.state != WorkerState.STOPPING for w in pool.workers.values()):
-            return  # no worker could run what is claimed (none yet, or all stopping)
         depth, max_jobs = pool.depth(), pool.config.max_jobs_per_worker
-        rooms = [
-            Room(w.room(depth, max_jobs), w.held())
-            for w in pool.workers.values()
-            if not _behind_long_job(w, now)  # nothing goes behind it: claim nothing for it
-        ]
-        if pool.boot_failures == 0:  # one booting now takes a job the moment it is Ready
-            rooms += [Room(1, 0) for w in pool.workers.values() if w.state == WorkerState.STARTING]
-        rooms = _within_cap(rooms, pool.running_cap())
-        buffered = len(self.buffer[pool.name])
-        # slots run what they are sent: nothing is claimed ahead of them (a lease held idle)
-        ahead = 1 if pool.config.slots > 1 else depth
-        want = claim_size(rooms, depth=ahead, prefetch=pool.config.prefetch, buffered=buffered)
-        if not want:
-            return
-        if now < self.health.retry_at:
-            return
-        due = self.retries_due[pool.name]
-        # a pool whose last claim found nothing arms its next one in the store process, which
-        # runs it the moment a wake-up names the pool (or when its poll is due): the pickup
-        # saves a round trip to the loop (capped pools wake on freed room here)
-        arm = (
-            now < pool.next_poll_at
-            and pool.empty_claims > 0
-            and getattr(self.link, "arms_claims", False)
-            and not pool.limits.capped
-            and pool.rate is None
-            and not self.draining
+        rooms: list[Room] = []  # of the workers not behind a long job (nothing goes behind)
+        live, booting = False, 0  # workers not stopping; of them, starting ones
+        for w in pool.workers.values():  # one pass: this runs on every pass of the loop
+            state = w.state
+            if state != WorkerState.STOPPING:
+                live = True
+                booting += state == WorkerState.STARTING
+            if (job := w.job) is None or not behind_long_job(w.slots, job.started, now):
+                rooms.append(Room(w.room(depth, max_jobs), w.held()))
+        plan = claim_plan(
+            rooms,
+            live=live,
+            booting=booting,
+            boot_failures=pool.boot_failures,
+            cap=pool.running_cap(),
+            depth=depth,
+            slots=pool.config.slots,
+            prefetch=pool.config.prefetch,
+            buffered=len(self.buffer[pool.name]),
+            now=now,
+            store_retry_at=self.health.retry_at,
+            next_poll_at=pool.next_poll_at,
+            empty_claims=pool.empty_claims,
+            arms_claims=getattr(self.link, "arms_claims", False),
+            capped=pool.name in self.capped,
+            rated=pool.rate is not None,
+            draining=self.draining,
         )
-        if now < pool.next_poll_at and not arm:
+        if plan is None:
             return
+        want, arm = plan
+        due = self.retries_due[pool.name]
         while due and due[0] <= now:  # this claim sees those retries
             heapq.heappop(due)
         c = pool.config
@@ -275,59 +271,54 @@ class Dispatcher:
         return reply.rows
 
     def assign(self, pool: Pool, now: float) -> None:
-        """Send buffered jobs to workers with room, the least loaded first, in claim order.
-        A job goes behind a running one only while the worker's queued frames stay under
-        ``PIPELINE_BYTES`` (so the socket always takes them without waiting)."""
+        """Send buffered jobs to workers with room as ``sendplan.send_plan`` places them (the
+        least loaded first, in claim order); encode each frame only as the plan pulls it."""
         queue = self.buffer[pool.name]
         if not queue:
             return
         c = pool.config
-        depth = pool.depth()
-        workers = pool.workers
-        # a worker that still has work is topped up only once half its room is free (one
-        # write, one wake-up, many jobs), and not at all behind a job that has run longer
-        # than QUEUE_BEHIND_AT_MOST: that job is not short, whatever the last ones were
-        room = {pid: self._room(w, depth, c.max_jobs_per_worker, now) for pid, w in workers.items()}
-        ahead = {pid: w.held() for pid, w in workers.items()}
-        queued_bytes = {pid: w.queued_bytes for pid, w in workers.items()}
-        sends: dict[int, list[tuple[Buffered, bytes]]] = {}
+        depth, max_jobs = pool.depth(), c.max_jobs_per_worker
+        workers = list(pool.workers.values())
+        rooms = [
+            send_room(w.room(depth, max_jobs), depth, w.slots, _started(w), now) for w in workers
+        ]
+        frames: list[bytes | protocol.FrameTooLarge] = []
         wall = self.clock.now()
-        cap = pool.running_cap()  # with a spare kept: no more than the target run at once
-        running = sum(1 for held in ahead.values() if held)
-        while queue:
-            open_ = [
-                pid
-                for pid, r in room.items()
-                if r > 0 and (cap is None or ahead[pid] or running < cap)
-            ]
-            if not open_:
-                break
-            pid = min(open_, key=ahead.__getitem__)
-            item = queue[0]
-            cl = item.claimed
-            try:
-                frame = protocol.encode(
-                    protocol.RunJob(
-                        cl.job_id, cl.kind, cl.payload, cl.attempt, wall + c.timeout, cl.lease.token
-                    )
+
+        def sizes() -> Iterator[int | None]:
+            for item in queue:  # not changed until the plan is made
+                cl = item.claimed
+                job = protocol.RunJob(
+                    cl.job_id, cl.kind, cl.payload, cl.attempt, wall + c.timeout, cl.lease.token
                 )
-            except protocol.FrameTooLarge as exc:  # no worker could ever take it
-                queue.popleft()
-                never = InFlight(cl, now, now, item.lease_expires, item.extensions)
-                self._failure(pool, never, ErrorKind.PERMANENT, f"cannot be sent: {exc}", None, 0.0)
+                try:
+                    frame = protocol.encode(job)
+                except protocol.FrameTooLarge as exc:  # no worker could ever take it
+                    frames.append(exc)
+                    yield None
+                else:
+                    frames.append(frame)
+                    yield len(frame)
+
+        plan = send_plan(
+            rooms,
+            [w.held() for w in workers],
+            [w.queued_bytes for w in workers],
+            pool.running_cap(),  # with a spare kept: no more than the target run at once
+            sizes(),
+        )
+        sends: dict[int, list[tuple[Buffered, bytes]]] = {}
+        # one frame per job placed (the last one encoded may have found no room: it stays)
+        for target, frame in zip(plan, frames, strict=False):
+            item = queue.popleft()
+            if target == UNSENDABLE:
+                never = InFlight(item.claimed, now, now, item.lease_expires, item.extensions)
+                msg = f"cannot be sent: {frame}"
+                self.results.fail(pool, never, ErrorKind.PERMANENT, msg, None, 0.0)
                 continue
-            if ahead[pid] and queued_bytes[pid] + len(frame) > PIPELINE_BYTES:
-                room[pid] = 0  # full for now (a worker with nothing ahead takes any size)
-                continue
-            queue.popleft()
-            if ahead[pid]:
-                queued_bytes[pid] += len(frame)
-            room[pid] -= 1
-            running += not ahead[pid]
-            ahead[pid] += 1
-            sends.setdefault(pid, []).append((item, frame))
-        for pid, items in sends.items():
-            worker = workers[pid]
+            sends.setdefault(target, []).append((item, frame))
+        for index, items in sends.items():
+            worker = workers[index]
             try:
                 worker.send_bytes(b"".join(frame for _, frame in items))
             except TimeoutError:
@@ -344,158 +335,10 @@ class Dispatcher:
                 job = InFlight(item.claimed, now, math.inf, item.lease_expires, item.extensions)
                 worker.take(job, len(frame), now, c.timeout)
 
-    @staticmethod
-    def _room(worker: WorkerHandle, depth: int, max_jobs: int | None, now: float) -> int:
-        room = worker.room(depth, max_jobs)
-        if worker.slots > 1:  # a free slot runs at once: no pipeline to top up
-            return room
-        if worker.job is not None and (room * 2 < depth or _behind_long_job(worker, now)):
-            return 0
-        return room
-
-    # ---- results and exits -------------------------------------------------------------
-
-    def on_message(self, worker: WorkerHandle, msg: protocol.Message, now: float) -> None:
-        pool = self.pools[worker.pool]
-        job = worker.running.get(msg.job_id) if isinstance(msg, JOB_RESULTS) else None
-        if isinstance(msg, protocol.Ready) and worker.state == WorkerState.STARTING:
-            worker.state = WorkerState.IDLE
-            pool.boot_failures = 0
-            if self.buffer[pool.name] and not self.draining:
-                self.assign(pool, now)  # claimed while it booted: a fresh worker per job
-                # waits for no pass
-        elif isinstance(msg, protocol.JobDone) and job:
-            try:
-                result = storable_result(msg.result)
-            except UnstorableResult as exc:
-                self._failure(pool, job, ErrorKind.PERMANENT, str(exc), msg.peak_rss, msg.duration)
-                self._job_over(pool, worker, msg.duration, now, msg.job_id)
-                return
-            lease = job.claimed.lease
-            row = (pool.name, lease.job_id, lease.token, result, msg.peak_rss, msg.duration)
-            self.outbox.ack(pool.name, row, now, job.claimed.tenant)
-            self.counters.job_finished(pool.name, "done", msg.duration, msg.peak_rss, now)
-            if job.claimed.attempt > 1:  # a success, but not a plain one: say so once
-                log_job(
-                    logging.INFO,
-                    "job_recovered",
-                    job.claimed,
-                    pool.name,
-                    msg.duration,
-                    msg.peak_rss,
-                    None,
-                    "done",
-                )
-            self._job_over(pool, worker, msg.duration, now, msg.job_id)
-        elif isinstance(msg, protocol.JobFailed) and job:
-            kind = ErrorKind(msg.error_kind)
-            soft = worker.soft_target
-            if kind is ErrorKind.TIMEOUT and soft is not None and soft != msg.job_id:
-                # the SoftTimeout meant for the job before it, whose result was already on
-                # its way, landed in this one: not its failure
-                self.outbox.release(job.claimed.lease)
-                self._job_over(pool, worker, msg.duration, now, msg.job_id)
-                return
-            message = storable_message(msg.message)  # a handler's text: NUL, surrogates, size
-            if kind is ErrorKind.TIMEOUT and soft == msg.job_id:  # else a command's own stop
-                message = (
-                    f"ran past its timeout of {format_duration(pool.config.timeout)}; "
-                    "the handler stopped on SoftTimeout"
-                )
-            self._failure(pool, job, kind, message, msg.peak_rss, msg.duration)
-            self._job_over(pool, worker, msg.duration, now, msg.job_id)
-        elif isinstance(msg, protocol.Returned):
-            returned = worker.returned(msg.job_id, now, pool.config.timeout)
-            if returned is not None:
-                self.outbox.release(returned.claimed.lease)
-        elif isinstance(msg, protocol.Pong):
-            worker.last_rss = msg.rss
-        elif isinstance(msg, protocol.Recycling):
-            worker.state = WorkerState.STOPPING  # it exits now: what it holds is released then
-            worker.recycling = True
-
-    def _job_over(
-        self, pool: Pool, worker: WorkerHandle, duration: float, now: float, job_id: int
-    ) -> None:
-        pool.job_took(duration)
-        worker.jobs_done += 1
-        worker.finished(now, pool.config.timeout, job_id)
-
-    def on_exit(self, worker: WorkerHandle, status: int, now: float) -> None:
-        """A worker was reaped: decide the fate of the jobs it held. Those queued behind the
-        running ones never started: released; so did the running ones of a worker that said
-        Recycling (it exits only after its results). The running ones: ``job_verdicts``
-        (the kill's target gets its kind; the others are released, uncounted)."""
-        for queued in worker.queued:
-            self.outbox.release(queued.claimed.lease)
-        worker.queued.clear()
-        if not worker.running:
-            return
-        pool = self.pools[worker.pool]
-        code = status >> 8 if status & 0x7F == 0 else None
-        running = dict(worker.running)
-        worker.running.clear()
-        if worker.recycling and code == exitcodes.RECYCLE:
-            for job in running.values():  # never started: hand it back untouched
-                self.outbox.release(job.claimed.lease)
-            return
-        deadlines = {job_id: job.deadline for job_id, job in running.items()}
-        verdicts = job_verdicts(status, worker.kill_reason, worker.kill_target, deadlines, now)
-        for job_id, job in running.items():
-            self._apply_verdict(pool, worker, job, verdicts[job_id], now)
-
-    def _apply_verdict(
-        self, pool: Pool, worker: WorkerHandle, job: InFlight, verdict: ExitVerdict, now: float
-    ) -> None:
-        if verdict.action == "fail":
-            assert verdict.error_kind is not None
-            peak = worker.last_rss
-            took = max(0.0, now - job.started)
-            self._failure(pool, job, verdict.error_kind, verdict.message, peak, took)
-            pool.job_took(took)
-        elif verdict.action == "release":
-            self.outbox.release(job.claimed.lease)
-        elif verdict.action == "cancel":  # the store makes its end cancelled, counted
-            took = max(0.0, now - job.started)
-            failure = Failure(job.claimed.lease, None, verdict.message, None, worker.last_rss, took)
-            self.outbox.fail(pool.name, failure, job.claimed)
-            self.counters.job_finished(pool.name, "cancelled", took, worker.last_rss, now)
-            log_job(
-                logging.WARNING,
-                "job_cancelled",
-                job.claimed,
-                pool.name,
-                took,
-                worker.last_rss,
-                None,
-                verdict.message,
-            )
-        else:
-            self.counters.lost_leases += 1
-            log.warning("job %s: %s", job.claimed.job_id, verdict.message)
-
-    def _failure(
-        self,
-        pool: Pool,
-        job: InFlight,
-        kind: ErrorKind,
-        message: str,
-        peak: int | None,
-        duration: float | None,
-    ) -> None:
-        c = pool.config
-        delay = (
-            None
-            if kind is ErrorKind.PERMANENT
-            else retry_delay(job.claimed.attempt, c.retry_backoff, c.retry_backoff_max, self.rng)
-        )
-        budget = _budget(c.retry_budget)
-        failure = Failure(job.claimed.lease, kind, message, delay, peak, duration, budget)
-        self.outbox.fail(pool.name, failure, job.claimed)
-        self.counters.job_finished(pool.name, str(kind), duration, peak, self.clock.monotonic())
-        log_job(
-            logging.INFO, "job_failed", job.claimed, pool.name, duration, peak, str(kind), message
-        )
+    def _ready(self, pool: Pool, now: float) -> None:
+        """A worker of ``pool`` booted: hand it what was claimed meanwhile."""
+        if self.buffer[pool.name] and not self.draining:
+            self.assign(pool, now)
 
     # ---- writing back ------------------------------------------------------------------
 
@@ -551,43 +394,8 @@ class Dispatcher:
                 worker.running.clear()
                 worker.queued.clear()
 
-    # ---- leases (supervisor/run/leases.py) ------------------------------------------
 
-    def heartbeat(self, pool: Pool, now: float) -> None:
-        self.leases.heartbeat(pool, now)
-
-    def expire_unheld(self, now: float) -> None:
-        self.leases.expire_unheld(now)
-
-    @property
-    def extending(self) -> set[str]:
-        return self.leases.extending
-
-    @property
-    def next_heartbeat(self) -> dict[str, float]:
-        return self.leases.next_heartbeat
-
-
-def _within_cap(rooms: list[Room], cap: int | None) -> list[Room]:
-    """The rooms a claim may fill when at most ``cap`` workers may hold jobs (a pool that
-    keeps a spare): every busy worker's, and idle ones' only up to the cap."""
-    if cap is None:
-        return rooms
-    busy = [r for r in rooms if r.held]
-    idle = [r for r in rooms if not r.held][: max(0, cap - len(busy))]
-    return busy + idle
-
-
-def _behind_long_job(worker: WorkerHandle, now: float) -> bool:
-    """Its current job has run longer than ``QUEUE_BEHIND_AT_MOST``: not a short one (a
-    worker with slots runs what it is sent: nothing waits behind)."""
-    return (
-        worker.slots == 1
-        and worker.job is not None
-        and now - worker.job.started > QUEUE_BEHIND_AT_MOST
-    )
-
-
-def _budget(ratio: float | None) -> RetryBudget | None:
-    """The pool's retry budget (``retry_budget``; floor and window at their defaults)."""
-    return None if ratio is None else RetryBudget(ratio)
+def _started(worker: WorkerHandle) -> float | None:
+    """When its current job started (None: it runs none)."""
+    job = worker.job
+    return None if job is None else job.started

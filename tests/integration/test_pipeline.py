@@ -60,7 +60,7 @@ def start_warm(
 
 def long_job_running(fleet: Harness, seconds: float, pools: dict[str, dict[str, Any]]) -> int:
     """Start a fleet of ``pools``, warm it up, and run one sleep job until it has run longer
-    than a short job would (dispatch's QUEUE_BEHIND_AT_MOST, 50 ms); its id."""
+    than a short job would (sendplan.QUEUE_BEHIND_AT_MOST, 50 ms); its id."""
     _, client = start_warm(fleet, pools)
     (slow,) = client.enqueue_many([("sleep", {"seconds": seconds})])
     fleet.wait_state([slow], JobState.LEASED)

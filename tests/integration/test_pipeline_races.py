@@ -21,6 +21,7 @@ from tests.integration.fleet import handlers
 from tests.integration.test_leases import THIEF, steal
 from tests.support import infleet
 from tests.support.wait import eventually
+from workers import protocol
 
 pytestmark = pytest.mark.slow
 
@@ -224,3 +225,21 @@ def test_a_late_cancel_signal_does_not_cancel_the_next_job_of_the_pipeline(hand)
     assert first is not None and first.state is JobState.CANCELLED  # its result crossed it
     assert second is not None and second.result == {"stopped": False}
     assert worker.kill_reason is None and not fleet.controls.stopping
+
+
+def test_a_job_too_large_to_send_is_dead_and_the_jobs_around_it_still_go_out(hand) -> None:
+    # the send plan places each job by its frame's size: the one no worker could ever take
+    # fails at once (permanent), and the jobs before and after it reach the worker in order
+    fleet, store = hand(handlers=handlers("noop"))
+    pool, worker = infleet.one_worker(fleet)
+    d = fleet.dispatcher
+    huge = "x" * (protocol.MAX_FRAME + 1)
+    first, big, last = store.enqueue_many([job("noop"), job("noop", pad=huge), job("noop")])
+    d.claim(pool, fleet.clock.monotonic())  # its reply (inline) hands the jobs out at once
+    assert [j.claimed.job_id for j in worker.jobs()] == [first, last]
+    assert not d.buffer["p"]
+    d.flush(fleet.clock.monotonic(), force=True)
+    dead = store.get(big)
+    assert dead is not None and dead.state is JobState.DEAD, dead
+    assert dead.error_kind is ErrorKind.PERMANENT
+    assert (dead.last_error or "").startswith("cannot be sent: RunJob frame of "), dead.last_error

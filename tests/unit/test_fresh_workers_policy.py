@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from supervisor.config.pool import PoolConfig
-from supervisor.plans import Room
+from supervisor.plans import Room, within_cap
 from supervisor.policy import PoolSizing, ceilings, worker_cost
-from supervisor.run.dispatch import _within_cap
 from supervisor.run.pool import Pool
 
 MIB = 1 << 20
@@ -25,7 +24,7 @@ MIB = 1 << 20
     ],
 )
 def test_within_cap(rooms: list[Room], cap: int | None, expected: int) -> None:
-    kept = _within_cap(rooms, cap)
+    kept = within_cap(rooms, cap)
     assert len(kept) == expected
     assert all(r in kept for r in rooms if r.held)  # a busy worker's room is never dropped
 

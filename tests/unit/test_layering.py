@@ -10,6 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PURE = {
     "supervisor/policy.py",
+    "supervisor/plans.py",
+    "supervisor/sendplan.py",
     "supervisor/units.py",
     "supervisor/rates.py",
     "supervisor/model.py",
