@@ -40,6 +40,10 @@ class Drain:
     def active(self) -> bool:
         return self.phase != RUNNING
 
+    def due_at(self) -> float | None:
+        """The end of the grace period, while jobs may still finish."""
+        return self.deadline if self.phase == FINISHING else None
+
     def on_signal(self, now: float) -> DrainPhase:
         """Advance on SIGTERM/SIGINT: the first starts the drain, the second skips the wait."""
         if self.phase == RUNNING:

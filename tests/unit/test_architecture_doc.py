@@ -9,7 +9,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
-PACKAGES = ["supervisor", "supervisor/config", "supervisor/run", "supervisor/store", "supervisor/observe", "workers"]
+PACKAGES = [
+    "supervisor",
+    "supervisor/config",
+    "supervisor/run",
+    "supervisor/store",
+    "supervisor/observe",
+    "workers",
+]
 
 
 def layout() -> str:
