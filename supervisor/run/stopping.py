@@ -28,6 +28,10 @@ from workers import scratch
 log = logging.getLogger("fleetd.supervisor")
 
 WRITE_PATIENCE = 10.0  # seconds an emergency stop keeps trying to write what it holds
+# seconds the shutdown gives the store processes, all of them together, to exit on EOF before
+# SIGKILL: one sitting on a call in a stall reads no EOF, and two waits of their own made a
+# drain in a stall end past grace + 12 s
+CLOSE_WITHIN = 0.5
 
 
 def begin_drain(p: Parts, now: float) -> None:
@@ -123,8 +127,9 @@ def shutdown(p: Parts) -> None:
             log.warning("node row not marked stopped: the store did not answer in 1s")
     if p.forker is not None:
         p.forker.close(1.0)  # it kills a worker still there (none after a drain)
+    closed_by = time.monotonic() + CLOSE_WITHIN
     for process in p.processes:
-        process.close(0.5)
+        process.close(max(0.0, closed_by - time.monotonic()))
     if p.waker is not None:
         p.waker.close()
     if p.metrics is not None:
