@@ -6,7 +6,7 @@ answered before ``submit`` returns, so a claim fills the buffer at once). Only t
 is replaced: ``HandLoop`` records what
 the fleet watches, and the test decides when a worker's frames are read. And the forker's part
 is done here (``InlineForker``): the workers are this process's children, reaped by
-``Fleet.reap_children`` (the path a dead forker's workers take), so a test can hold a worker's
+``Children.reap_children`` (the path a dead forker's workers take), so a test can hold a worker's
 exit unreaped (``wait_exited``) between two steps. ``real_forker`` gives a fleet a real forker
 instead, for the races between the loop and it (tests/integration/test_forker_races.py)."""
 
