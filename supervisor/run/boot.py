@@ -16,9 +16,12 @@ from supervisor.errors import HandlerError
 from supervisor.imports import handler_refs, import_handlers
 from supervisor.observe.logs import setup_logging
 from supervisor.run.forklink import BOOT_LIMIT, ForkerGone, start_forker
+from supervisor.run.hooks import NO_HOOKS, Hooks
 
 
-def run(config_path: str, *, node_id: str | None = None) -> int:
+def run(config_path: str, *, node_id: str | None = None, hooks: Hooks = NO_HOOKS) -> int:
+    """Run the fleet of ``config_path`` until it stops; its exit status. ``hooks``: test
+    seams (run/hooks.py), given only by tests/support/hooked_start.py."""
     config = load_config(config_path)
     setup_logging(config.log_format)
     started = time.monotonic()
@@ -31,7 +34,7 @@ def run(config_path: str, *, node_id: str | None = None) -> int:
         raise HandlerError(f"{config.path}: {exc}") from None
     try:
         # imported only now: a config or handler error is reported before the driver loads
-        from supervisor.run.fleet import Fleet
+        from supervisor.run.build import build_fleet
         from supervisor.store import open_store
 
         store = open_store(config.database)
@@ -40,7 +43,16 @@ def run(config_path: str, *, node_id: str | None = None) -> int:
                 forker.await_ready(boot_limit)
             except ForkerGone as exc:
                 raise HandlerError(f"{config.path}: {exc}") from None
-            return Fleet(config, store, handlers, node_id=node_id, forker=forker).run()
+            fleet = build_fleet(
+                config,
+                store,
+                handlers,
+                node_id=node_id,
+                forker=forker,
+                hooks=hooks,
+                config_label=config_path,
+            )
+            return fleet.run()
         finally:
             store.close()
     finally:

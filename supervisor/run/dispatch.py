@@ -394,6 +394,26 @@ class Dispatcher:
                 worker.running.clear()
                 worker.queued.clear()
 
+    def due_at(self, *, draining: bool) -> float | None:
+        """When the loop must act for the dispatcher: a heartbeat (extend), results to flush,
+        an idle pool's poll; a call due during a backoff waits for its end. A timer only a
+        reply moves (a claim, an extend, a write in flight) is left out: the reply wakes the
+        selector, and counting it would spin the loop meanwhile."""
+        retry = self.store_retry_at
+        extending = self.extending
+        due = [max(t, retry) for name, t in self.next_heartbeat.items() if name not in extending]
+        if self.outbox.todo and self.outbox.writing is None:
+            due.append(max(self.acks_due, retry))
+        if draining:  # a drain claims nothing
+            return min(due, default=None)
+        for pool in self.pools.values():
+            # a paused pool claims nothing (``claim``): its poll is no timer, else a poll
+            # left due would make every wait 0 s while the pause lasts
+            if pool.idle() and not pool.paused and pool.name not in self.claiming:
+                # a rate-held pool claims when its next token is due (Pool.rate_gate)
+                due.append(max(pool.next_poll_at, pool.rate_gate(), retry))
+        return min(due, default=None)
+
 
 def _started(worker: WorkerHandle) -> float | None:
     """When its current job started (None: it runs none)."""

@@ -10,6 +10,10 @@
   counted), not failed.
 - stopped: every worker reaped and every result written (or, if the database stays unreachable
   for ``write_patience``, left to the reaper: the leases expire, nothing is lost).
+
+The bound during a stall: grace_period + 10 s of write patience + the shutdown's closing of
+the store processes (``run/stopping.py``, ``CLOSE_WITHIN``: 0.5 s for all of them) stays
+within grace_period + 12 s.
 """
 
 from __future__ import annotations
@@ -39,6 +43,16 @@ class Drain:
     @property
     def active(self) -> bool:
         return self.phase != RUNNING
+
+    def due_at(self) -> float | None:
+        """The end of the grace period, while jobs may still finish; then the instant the
+        drain gives up on its writes (the loop wakes for it, not a second later at the next
+        publish)."""
+        if self.phase == FINISHING:
+            return self.deadline
+        if self.phase == KILLING and self.give_up_writes_at:
+            return self.give_up_writes_at
+        return None
 
     def on_signal(self, now: float) -> DrainPhase:
         """Advance on SIGTERM/SIGINT: the first starts the drain, the second skips the wait."""

@@ -1,5 +1,10 @@
-"""How a worker ended, and what that means for its job: the one place that interprets exit
-statuses (``os.waitpid``) and kill reasons."""
+"""How a worker ended, and what that means for its job: the one place on the parent's side that
+interprets exit statuses (``os.waitpid``, ``os.waitid``) and kill reasons.
+
+The child side decodes statuses of its own: workers/forker.py (the forker relays the exits it
+reaps as wait statuses) and workers/command.py (a command handler's program). They run in
+processes that never import ``supervisor``, so they cannot call these functions.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,22 @@ class ExitVerdict:
     message: str
 
 
+def exit_code(status: int) -> int | None:
+    """The code a process exited with, from its wait status; None if a signal ended it."""
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else None
+
+
+def waitid_exit_code(info: os.waitid_result) -> int | None:
+    """``exit_code`` of an ``os.waitid`` record: None unless the child exited itself."""
+    return info.si_status if info.si_code == os.CLD_EXITED else None
+
+
+def killed_by(status: int, signum: int) -> bool:
+    """Whether the wait status says signal ``signum`` ended the process."""
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signum
+
+
 def describe_status(status: int) -> str:
     """``exited with code 3`` or ``killed by SIGSEGV``."""
     if os.WIFSIGNALED(status):
@@ -42,7 +63,7 @@ def classify_exit(status: int, reason: KillReason | None) -> ExitVerdict:
     """How a worker that was running a job ended: the parent's kill reason wins (it knows
     why it killed), otherwise the worker crashed on its own, whatever its exit code."""
     how = describe_status(status)
-    if reason is None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == DEADLINE_SIGNAL:
+    if reason is None and killed_by(status, DEADLINE_SIGNAL):
         return ExitVerdict(
             "fail",
             ErrorKind.TIMEOUT,
@@ -51,7 +72,7 @@ def classify_exit(status: int, reason: KillReason | None) -> ExitVerdict:
         )
     if reason is None:
         hint = ""
-        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        if killed_by(status, signal.SIGKILL):
             hint = " (not by fleetd: the kernel's OOM killer or an operator?)"
         return ExitVerdict("fail", ErrorKind.CRASHED, f"worker {how}{hint}")
     if reason.kind == KillKind.MEMORY_LIMIT:

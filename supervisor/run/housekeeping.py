@@ -104,3 +104,8 @@ class Housekeeping:
             self.health.failed(self.clock.monotonic(), "prune", reply.error)
         elif reply.value:
             log.info("pruned %d done job(s) older than the retention", reply.value)
+
+    def due_at(self) -> float | None:
+        """The next reap, unless one is in flight (its reply wakes the loop). The prune is
+        no timer: it runs at the passes the others make."""
+        return None if self.reaping else max(self.next_reap, self.health.retry_at)

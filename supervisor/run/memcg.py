@@ -42,6 +42,10 @@ lingers in the kernel while page cache is still charged to it.
 At start, the ``fleetd-<pid>`` cgroups of supervisors that are gone are removed when empty.
 Every operation degrades: a failure is logged once and that worker (or the fleet) runs without
 a cgroup, with the rlimit and the watchdog still in force. Owned by the main thread; no threads.
+
+This module keeps the per-worker bookkeeping (which cgroup is whose, reuse, removal);
+``run/cgroupfs.py`` does the file operations on the tree and ``run/oomkills.py`` judges the
+OOM kills.
 """
 
 from __future__ import annotations
@@ -50,19 +54,18 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor import host
-from supervisor.policy import KillKind, KillReason
+from supervisor.run import cgroupfs, oomkills
+from supervisor.run.cgroupfs import WorkerCgroup
 from supervisor.run.watchdog import PERIOD
-from supervisor.run.workerproc import WorkerHandle, WorkerState
+from supervisor.run.workerproc import WorkerHandle
 from supervisor.units import format_size
 from workers import limits
-from workers.scratch import pid_alive
 
 log = logging.getLogger("fleetd.memcg")
 
@@ -87,21 +90,9 @@ class Prepared:
     oom_seen: int = 0  # a reused cgroup's oom_kill count so far: its earlier workers'
 
 
-_OURS = re.compile(r"fleetd-(?:probe-)?(\d+)")
-
-
 def cgroup_limit(memory_limit: int, margin: int = MARGIN) -> int:
     """The cgroup limit for a pool's worker: ``memory_limit`` plus the margin."""
     return memory_limit + margin
-
-
-@dataclass
-class WorkerCgroup:
-    path: Path
-    limit: int
-    memory_limit: int
-    oom_seen: int = 0  # the cgroup's oom_kill count already accounted for
-    next_check: float = 0.0
 
 
 class MemoryCgroups:
@@ -167,43 +158,11 @@ class MemoryCgroups:
         return self.mechanism
 
     def remove_stale(self, parent: Path) -> list[Path]:
-        """Remove the ``fleetd-<pid>`` cgroups (and their worker cgroups) of supervisors that
-        are no longer running; return what was removed at once. Processes still in them are
-        what a SIGKILLed supervisor's jobs forked (PR_SET_PDEATHSIG reaches the worker only):
-        their jobs' leases are held by nobody and the jobs may already run elsewhere, so they
-        get SIGKILL, and their cgroups are removed by a later sweep."""
-        removed: list[Path] = []
-        try:
-            entries = [e for e in parent.iterdir() if e.is_dir() and _OURS.fullmatch(e.name)]
-        except OSError:
-            return removed
-        for entry in entries:
-            match = _OURS.fullmatch(entry.name)
-            assert match is not None
-            pid = int(match[1])
-            if pid == self.pid or pid_alive(pid):
-                continue
-            for child in _subdirs(entry):
-                if _remove(child):
-                    removed.append(child)
-                    continue
-                leftovers = _procs(child)
-                for leftover in leftovers:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(leftover, signal.SIGKILL)
-                log.warning(
-                    "killed %d process(es) a stopped fleetd's job left in %s: %s",
-                    len(leftovers),
-                    child,
-                    " ".join(map(str, leftovers)) or "(exiting)",
-                )
-                self.pending[child] = 0.0  # removed once empty (the next sweeps)
-            if _remove(entry):
-                removed.append(entry)
-            else:
-                self.pending[entry] = 0.0
-        if removed:
-            log.info("removed %d stale cgroup(s) of stopped supervisors", len(removed))
+        """Remove the cgroups of supervisors that are gone (``cgroupfs.remove_stale``); what
+        is not empty yet is removed by a later sweep. What was removed at once."""
+        removed, left = cgroupfs.remove_stale(parent, self.pid)
+        for path in left:
+            self.pending[path] = 0.0  # removed once empty (the next sweeps)
         return removed
 
     def close(self) -> None:
@@ -214,7 +173,7 @@ class MemoryCgroups:
         self.reusable.clear()
         self.pending = dict.fromkeys(paths, 0.0)  # at shutdown, strays are killed at once
         self._sweep(float("inf"))
-        if self.base is not None and not _remove(self.base):
+        if self.base is not None and not cgroupfs.remove(self.base):
             log.info(
                 "left %s behind (processes still exiting); the next fleetd removes it", self.base
             )
@@ -230,7 +189,7 @@ class MemoryCgroups:
         path = self.base / f"{worker.pool}-{worker.slot}-{worker.pid}"
         try:
             self._make_limited(path, limit)
-            _write(path / "cgroup.procs", worker.pid)
+            cgroupfs.write(path / "cgroup.procs", worker.pid)
         except OSError as exc:
             gone = exc.errno == errno.ESRCH  # the worker died already: nothing to warn about
             if not gone:
@@ -244,15 +203,7 @@ class MemoryCgroups:
         self.cgroups[worker.pid] = WorkerCgroup(path, limit, memory_limit)
 
     def _make_limited(self, path: Path, limit: int) -> None:
-        """Create the worker cgroup ``path`` with ``limit`` (and no swap, where it can)."""
-        path.mkdir(exist_ok=True)
-        if self.mechanism.mechanism == "v2":
-            _write(path / "memory.max", limit)
-            _write(path / "memory.swap.max", 0, optional=True)
-            _write(path / "memory.oom.group", 1, optional=True)
-        else:
-            _write(path / "memory.limit_in_bytes", limit)
-            _write(path / "memory.memsw.limit_in_bytes", limit, optional=True)
+        cgroupfs.make_limited(path, limit, self.mechanism.mechanism)
 
     def prepare(self, pool: str, slot: int, memory_limit: int | None) -> Prepared | None:
         """Before a fork: a worker cgroup with its limit, and an open fd on its
@@ -344,29 +295,10 @@ class MemoryCgroups:
         cg = self.cgroups.pop(worker.pid, None)
         if cg is None:
             return
-        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        if killed and worker.kill_reason is None:
-            count = self._oom_count(cg)
-            if count is not None and count > cg.oom_seen:
-                self.oom_kills += count - cg.oom_seen
-                cg.oom_seen = count
-                detail = (
-                    f"killed by the kernel at its cgroup limit of {format_size(cg.limit)} "
-                    f"(memory_limit {format_size(cg.memory_limit)} + {format_size(self.margin)}"
-                    f" margin{self._peak_text(cg)}): the job and its processes together"
-                )
-                if (
-                    worker.state == WorkerState.STARTING
-                ):  # not a job's doing: a boot failure, backed off
-                    log.warning("worker %s %s, before it was ready", worker.name, detail)
-                else:
-                    worker.record_kill(KillReason(KillKind.MEMORY_LIMIT, detail), now)
-                    log.warning(
-                        "worker %s (job %s): %s",
-                        worker.name,
-                        worker.job.claimed.job_id if worker.job else "-",
-                        detail,
-                    )
+        version = self.mechanism.mechanism
+        self.oom_kills += oomkills.judge_reaped(
+            worker, cg, status, now, version=version, margin=self.margin
+        )
         self._retire(cg)
 
     # ---- internals ---------------------------------------------------------------------
@@ -374,58 +306,26 @@ class MemoryCgroups:
     def _kill_on_oom(
         self, worker: WorkerHandle, cg: WorkerCgroup, now: float, job_id: int | None = None
     ) -> bool:
-        count = self._oom_count(cg)
-        if count is None or count <= cg.oom_seen:
-            return False
-        new, cg.oom_seen = count - cg.oom_seen, count
+        version = self.mechanism.mechanism
+        new = oomkills.stop_after_oom(
+            worker, cg, now, version=version, margin=self.margin, job_id=job_id
+        )
         self.oom_kills += new
-        detail = (
-            f"the kernel OOM-killed {new} process(es) of the job at the worker's cgroup limit "
-            f"of {format_size(cg.limit)} (memory_limit {format_size(cg.memory_limit)} + "
-            f"{format_size(self.margin)} margin{self._peak_text(cg)}); worker stopped"
-        )
-        log.warning(
-            "worker %s (job %s): %s",
-            worker.name,
-            worker.job.claimed.job_id if worker.job else "-",
-            detail,
-        )
-        worker.kill(KillReason(KillKind.MEMORY_LIMIT, detail, job_id), now)
-        return True
-
-    def _oom_count(self, cg: WorkerCgroup) -> int | None:
-        """The cgroup's kernel OOM kill count; None if unreadable (a kernel before 4.13)."""
-        name = "memory.events" if self.mechanism.mechanism == "v2" else "memory.oom_control"
-        try:
-            text = _read(cg.path, name).decode()
-        except (OSError, UnicodeDecodeError):
-            return None
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value)
-        return None
-
-    def _peak_text(self, cg: WorkerCgroup) -> str:
-        name = "memory.peak" if self.mechanism.mechanism == "v2" else "memory.max_usage_in_bytes"
-        try:
-            peak = int(_read(cg.path, name).split()[0])
-        except (OSError, ValueError, IndexError):
-            return ""
-        return f"; cgroup peak {format_size(peak)}"
+        return new > 0
 
     def _retire(self, cg: WorkerCgroup) -> None:
         """A reaped worker's cgroup: kept for the next fork when it is empty and less than
         ``REUSE_BELOW`` is charged to it (its peak counter reset, its OOM count remembered as
         the baseline; the oldest kept is removed past ``REUSE_AT_MOST``), else released."""
-        if not _procs(cg.path) and self._charged(cg.path) < REUSE_BELOW:
+        version = self.mechanism.mechanism
+        charged = cgroupfs.charged(cg.path, version)  # unreadable counts as too much to reuse
+        if not cgroupfs.procs(cg.path) and charged is not None and charged < REUSE_BELOW:
             if len(self.reusable) >= REUSE_AT_MOST:  # the oldest goes: its limit may be
                 self._release(self.reusable.pop(0).path)  # one no pool forks with any more
-            oom = self._oom_count(cg)
+            oom = cgroupfs.oom_count(cg.path, version)
             cg.oom_seen = oom if oom is not None else cg.oom_seen
             cg.next_check = 0.0
-            if self.mechanism.mechanism == "v1":  # v2's memory.peak resets per open file only
-                _write(cg.path / "memory.max_usage_in_bytes", 0, optional=True)
+            cgroupfs.reset_peak(cg.path, version)
             self.reusable.append(cg)
             return
         self._release(cg.path)
@@ -437,19 +337,11 @@ class MemoryCgroups:
                 return self.reusable.pop(i)
         return None
 
-    def _charged(self, path: Path) -> int:
-        """Bytes charged to the cgroup now; unreadable counts as too much to reuse."""
-        name = "memory.current" if self.mechanism.mechanism == "v2" else "memory.usage_in_bytes"
-        try:
-            return int(_read(path, name))
-        except (OSError, ValueError):
-            return REUSE_BELOW
-
     def _release(self, path: Path) -> None:
         """Remove a reaped worker's cgroup, or leave it to the sweep while processes are in
         it: right after the reap those are usually the job's processes still exiting from
         the kill of the worker's process group."""
-        if _procs(path) or not _remove(path):
+        if cgroupfs.procs(path) or not cgroupfs.remove(path):
             self.pending.setdefault(path, None)
 
     def _sweep(self, now: float) -> None:
@@ -457,7 +349,7 @@ class MemoryCgroups:
         first swept holds strays of a job that escaped the kill of its process group (setsid,
         for instance): they get SIGKILL, and a warning once."""
         for path, due in list(self.pending.items()):
-            strays = _procs(path)
+            strays = cgroupfs.procs(path)
             if strays and due is None:
                 self.pending[path] = now + SWEEP_EVERY
                 continue
@@ -470,62 +362,10 @@ class MemoryCgroups:
                     f"killed {len(strays)} process(es) a job left behind in {path.name}: "
                     + " ".join(map(str, strays)),
                 )
-            if not strays and _remove(path):
+            if not strays and cgroupfs.remove(path):
                 del self.pending[path]
 
     def _warn(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("%s", message)
-
-
-def _write(path: Path, value: int, optional: bool = False) -> None:
-    try:
-        # as ``open(path, "w")`` (cgroupfs makes no file: a missing knob is an OSError)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, b"%d" % value)
-        finally:
-            os.close(fd)
-    except OSError:
-        if not optional:  # a missing or refused optional knob (swap, oom.group) is skipped
-            raise
-
-
-def _read(folder: Path, name: str) -> bytes:
-    """A cgroup file's contents, with os calls: the loop reads three after every worker's
-    end, and ``Path.read_text`` (an io stack, a decoder) took several times as long. Raises
-    ``OSError``."""
-    fd = os.open(f"{folder}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = [os.read(fd, 65536)]
-        while chunks[-1]:  # cgroup.procs of a fork bomb's cgroup is longer than one read
-            chunks.append(os.read(fd, 65536))
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _procs(path: Path) -> list[int]:
-    try:
-        return [int(pid) for pid in _read(path, "cgroup.procs").split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _subdirs(path: Path) -> list[Path]:
-    try:
-        return [c for c in path.iterdir() if c.is_dir()]
-    except OSError:
-        return []
-
-
-def _remove(path: Path) -> bool:
-    """rmdir a cgroup; True if it is gone (or never was)."""
-    try:
-        path.rmdir()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return True

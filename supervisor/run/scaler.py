@@ -217,6 +217,10 @@ class Scaler:
             else:
                 log.warning("pool %s no longer saturated", pool.name)
 
+    def due_at(self) -> float | None:
+        """The next evaluation, unless a read is in flight (its reply wakes the loop)."""
+        return None if self.reading else self.next_eval
+
 
 def _live(node: Mapping[str, object]) -> bool:
     age = node.get("age")

@@ -4,7 +4,7 @@ no descendant left behind) and ``fleet`` (a ``Harness`` on the test's database).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -15,14 +15,14 @@ from tests.integration.fleet import Harness, Supervisor
 
 
 @pytest.fixture
-def start_supervisor(tmp_path: Path) -> Iterator[Callable[[Path, str], Supervisor]]:
+def start_supervisor(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
     """Start ``fleetd start`` subprocesses; at teardown stop each (SIGTERM, wait, SIGKILL),
     print its log (pytest shows it when the test failed) and assert that no process it ever
     forked is still alive."""
     started: list[Supervisor] = []
 
-    def start(config: Path, node_id: str = "node-a") -> Supervisor:
-        sup = Supervisor(config, node_id, tmp_path, run=len(started) + 1).start()
+    def start(config: Path, node_id: str = "node-a", hooks: Sequence[str] = ()) -> Supervisor:
+        sup = Supervisor(config, node_id, tmp_path, run=len(started) + 1, hooks=hooks).start()
         started.append(sup)
         return sup
 
@@ -54,6 +54,6 @@ def fleet(
     tmp_path: Path,
     db_url: str,
     live_store: Store,
-    start_supervisor: Callable[[Path, str], Supervisor],
+    start_supervisor: Callable[..., Supervisor],
 ) -> Harness:
     return Harness(tmp_path, db_url, live_store, start_supervisor)

@@ -36,6 +36,7 @@ from tests.support.wait import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 FORK_AUDIT = Path(__file__).resolve().parent / "forkaudit"
+HOOKED_START = REPO / "tests" / "support" / "hooked_start.py"  # fleetd start with test seams
 HANDLERS = "tests.support.handlers:"
 FINAL = (JobState.DONE, JobState.DEAD)
 
@@ -97,8 +98,11 @@ def alive(proc: psutil.Process) -> bool:
 class Supervisor:
     """One ``fleetd start`` subprocess and every descendant it was seen with."""
 
-    def __init__(self, config: Path, node_id: str, folder: Path, run: int = 1) -> None:
+    def __init__(
+        self, config: Path, node_id: str, folder: Path, run: int = 1, hooks: Sequence[str] = ()
+    ) -> None:
         self.config = config
+        self.hooks = tuple(hooks)  # hooked_start.py's arguments: test seams (run/hooks.py)
         self.node_id = node_id
         self.log_path = folder / f"supervisor-{node_id}-{run}.log"
         self.fork_log = folder / f"forks-{node_id}-{run}.log"
@@ -122,6 +126,8 @@ class Supervisor:
             "FLEETD_TEST_FORK_LOG": str(self.fork_log),
         }
         command = [sys.executable, "-m", "supervisor", "start", "-c", str(self.config)]
+        if self.hooks:
+            command = [sys.executable, str(HOOKED_START), *self.hooks, "-c", str(self.config)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [*command, "--node-id", self.node_id],
@@ -288,7 +294,7 @@ class Harness:
         folder: Path,
         database: str,
         store: Store,
-        launch: Callable[[Path, str], Supervisor],
+        launch: Callable[..., Supervisor],
     ) -> None:
         self.folder = folder
         self.database = database
@@ -308,9 +314,13 @@ class Harness:
         self.client = Client(load_config(self.config), self.store)
         return self.config
 
-    def start(self, node_id: str = "node-a", *, wait: bool = True) -> Supervisor:
+    def start(
+        self, node_id: str = "node-a", *, wait: bool = True, hooks: Sequence[str] = ()
+    ) -> Supervisor:
+        """A supervisor on the config; ``hooks``: test seams, as tests/support/hooked_start.py
+        takes them (``["--no-kill", "timeout"]``)."""
         assert self.config is not None, "configure() first"
-        sup = self._launch(self.config, node_id)
+        sup = self._launch(self.config, node_id, hooks=hooks)
         if wait:
             sup.wait_running(self.store)
         return sup

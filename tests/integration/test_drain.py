@@ -62,6 +62,7 @@ def test_sigterm_releases_jobs_running_past_the_grace_period(fleet: Harness) -> 
     assert a.wait_exit(timeout=GRACE + 10) == 0
     took = time.monotonic() - start
     assert took <= GRACE + 1.0, f"exited {took:.2f}s after SIGTERM (grace {GRACE}s)"
+    assert "WARNING fleetd.supervisor: drain: killing" in a.log()  # jobs were killed: news
     # at once, no lease to wait for: every job is queued again, its delivery not counted
     for job in fleet.jobs(ids):
         assert job.state == JobState.QUEUED and job.attempts == 0, job
@@ -77,6 +78,24 @@ def test_sigterm_releases_jobs_running_past_the_grace_period(fleet: Harness) -> 
     assert all(job.attempts == 1 for job in taken)
     pickup = max(job.started_at or 0.0 for job in taken) - registered["started_at"]
     assert pickup < 1.0, f"node-b took {pickup:.2f}s to claim the released jobs"
+
+
+def test_a_drain_that_ends_in_its_grace_period_logs_at_info(fleet: Harness) -> None:
+    """Every job finished within the grace period and every write answered: a drain as it
+    should be, said at INFO (a warning is kept for a kill phase or lost writes)."""
+    fleet.configure(
+        {"quick": {"handlers": handlers("sleep"), "min_workers": 1, "max_workers": 1}},
+        grace_period="10s",
+    )
+    a = fleet.start("node-a")
+    job_id = fleet.enqueue("sleep", {"seconds": 0.5})
+    fleet.wait_state([job_id], JobState.LEASED)
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(timeout=10) == 0
+    assert fleet.job(job_id).state == JobState.DONE
+    log = a.log()
+    assert "INFO fleetd.supervisor: drain: stopped" in log, log
+    assert "WARNING fleetd.supervisor: drain:" not in log, log
 
 
 def test_a_second_signal_skips_the_grace_period(fleet: Harness) -> None:

@@ -128,15 +128,13 @@ def test_a_soft_timeout_lets_the_handler_clean_up_and_the_worker_lives_on(
     assert fleet.executions(after)[0]["pid"] == run["pid"]  # same worker: not killed
 
 
-def test_a_hang_the_supervisor_cannot_kill_ends_by_its_workers_own_alarm(
-    fleet: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The kernel's backstop: with the supervisor's timeout kill made to fail (test-only
-    FLEETD_TEST_NO_KILL), the worker's own deadline alarm ends it at timeout + soft window +
-    3 s (without it the hang would run forever), and the job fails as timeout."""
-    monkeypatch.setenv("FLEETD_TEST_NO_KILL", "timeout")
+def test_a_hang_the_supervisor_cannot_kill_ends_by_its_workers_own_alarm(fleet: Harness) -> None:
+    """The kernel's backstop: with the supervisor's timeout kill made to fail (a test seam,
+    tests/support/hooked_start.py ``--no-kill timeout``), the worker's own deadline alarm ends
+    it at timeout + soft window + 3 s (without it the hang would run forever), and the job
+    fails as timeout."""
     fleet.configure(POOLS)
-    sup = fleet.start()
+    sup = fleet.start(hooks=["--no-kill", "timeout"])
     job_id = fleet.enqueue("hang", {})
     (job,) = fleet.wait_final([job_id], timeout=20, watch=[sup])
 

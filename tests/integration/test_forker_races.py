@@ -65,18 +65,20 @@ def zombie(pid: int) -> bool:
 def test_a_crash_the_forker_relayed_before_it_died_stays_a_crash(forked) -> None:
     fleet, store = forked(handlers=handlers("segfault"), max_deliveries=1)
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
-    d = fleet.dispatcher
+    d = fleet.parts.dispatcher
     (crash,) = store.enqueue_many([job("segfault")])
-    now = fleet.clock.monotonic()
+    now = fleet.parts.clock.monotonic()
     d.claim(pool, now)
     d.assign(pool, now)
-    forker = fleet.forker
+    forker = fleet.parts.forker
     assert isinstance(forker, ForkLink) and forker.pid is not None
     relayed(forker)  # the worker crashed and the forker said so; the loop has not read it
     os.kill(forker.pid, signal.SIGKILL)
     infleet.wait_exited(forker.pid)
-    fleet.reap_children(fleet.clock.monotonic())  # finds the forker dead before its record
-    d.flush(fleet.clock.monotonic(), force=True)
+    fleet.children.reap_children(
+        fleet.parts.clock.monotonic()
+    )  # finds the forker dead before its record
+    d.flush(fleet.parts.clock.monotonic(), force=True)
     dead = store.get(crash)
     assert dead is not None and dead.state is JobState.DEAD, dead
     assert dead.error_kind is ErrorKind.CRASHED and dead.attempts == 1, dead
@@ -88,12 +90,12 @@ def test_a_workers_pid_stays_taken_until_the_loop_has_read_its_end(forked) -> No
     fleet, _ = forked(handlers=handlers("noop"))
     pool, worker = infleet.one_worker(fleet)
     worker.send(protocol.Shutdown())
-    relayed(fleet.forker)
+    relayed(fleet.parts.forker)
     assert zombie(worker.pid), "the worker's pid was freed before the loop read its end"
-    assert fleet.forker is not None
-    fd = fleet.forker.fileno()
+    assert fleet.parts.forker is not None
+    fd = fleet.parts.forker.fileno()
     assert fd is not None
-    fleet.loop.watched[fd]()  # type: ignore[attr-defined]  # the selector's call: on_forker
+    fleet.parts.loop.watched[fd]()  # type: ignore[attr-defined]  # the selector's call: on_forker
     assert worker.pid not in pool.workers
     eventually(lambda: not zombie(worker.pid), timeout=10)  # and now the forker reaps it
 
@@ -103,43 +105,43 @@ def test_a_fork_with_no_descriptor_left_does_not_stop_the_loop(forked, forker_al
     # the supervisor is out of descriptors (EMFILE): the worker's socket, its cancel page or
     # a new forker's socket cannot be made. A pool that cannot fork now tries later.
     fleet, _ = forked(handlers=handlers("noop"))
-    pool = fleet.pools["p"]
+    pool = fleet.parts.pools["p"]
     if not forker_alive:
-        forker = fleet.forker
+        forker = fleet.parts.forker
         assert isinstance(forker, ForkLink) and forker.pid is not None
         os.kill(forker.pid, signal.SIGKILL)
         infleet.wait_exited(forker.pid)
-        fleet.reap_children(fleet.clock.monotonic())
-        assert fleet.forker is None
-    now = fleet.clock.monotonic() + 5.0  # any pause after the forker's death is over
+        fleet.children.reap_children(fleet.parts.clock.monotonic())
+        assert fleet.parts.forker is None
+    now = fleet.parts.clock.monotonic() + 5.0  # any pause after the forker's death is over
     with infleet.no_descriptor_left():
-        fleet.spawn(now)
+        fleet.children.spawn(now)
     assert not pool.workers
     later = now + 60.0
-    fleet.spawn(later)  # a new forker, if the last died: asked once it is ready
-    assert fleet.forker is not None
-    fleet.forker.await_ready(30.0)
-    fleet.spawn(later)
+    fleet.children.spawn(later)  # a new forker, if the last died: asked once it is ready
+    assert fleet.parts.forker is not None
+    fleet.parts.forker.await_ready(30.0)
+    fleet.children.spawn(later)
     assert len(pool.workers) == 1
 
 
 def test_a_forker_that_stops_answering_is_replaced_and_the_loop_goes_on(forked) -> None:
     fleet, _ = forked(handlers=handlers("noop"))
-    pool = fleet.pools["p"]
-    old = fleet.forker
+    pool = fleet.parts.pools["p"]
+    old = fleet.parts.forker
     assert isinstance(old, ForkLink) and old.pid is not None
     stuck = old.pid
     os.kill(stuck, signal.SIGSTOP)  # alive, but it answers no request
-    now = fleet.clock.monotonic() + 5.0
-    fleet.spawn(now)  # waits REPLY_LIMIT for the answer, then kills that forker
-    assert fleet.forker is None and not pool.workers
+    now = fleet.parts.clock.monotonic() + 5.0
+    fleet.children.spawn(now)  # waits REPLY_LIMIT for the answer, then kills that forker
+    assert fleet.parts.forker is None and not pool.workers
     with pytest.raises(ChildProcessError):  # killed, and reaped
         os.waitpid(stuck, os.WNOHANG)
-    fleet.spawn(now + 60.0)  # a new forker; asked for the worker once it is ready
-    assert isinstance(fleet.forker, ForkLink) and fleet.forker.pid != stuck
+    fleet.children.spawn(now + 60.0)  # a new forker; asked for the worker once it is ready
+    assert isinstance(fleet.parts.forker, ForkLink) and fleet.parts.forker.pid != stuck
     assert not pool.workers
-    fleet.forker.await_ready(30.0)
-    fleet.spawn(now + 60.0)
+    fleet.parts.forker.await_ready(30.0)
+    fleet.children.spawn(now + 60.0)
     assert len(pool.workers) == 1
 
 
@@ -147,30 +149,30 @@ def test_a_forker_that_never_becomes_ready_is_killed_at_its_boot_limit_and_backe
     forked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fleet, _ = forked(handlers={"modules": "tests.support.forker_handlers:modules"})
-    first = fleet.forker
+    first = fleet.parts.forker
     assert isinstance(first, ForkLink) and first.pid is not None
     os.kill(first.pid, signal.SIGKILL)
     infleet.wait_exited(first.pid)
-    fleet.reap_children(fleet.clock.monotonic())
-    assert fleet.forker is None
+    fleet.children.reap_children(fleet.parts.clock.monotonic())
+    assert fleet.parts.forker is None
     # the next forkers' imports hang (this process imported the module already: not here)
     monkeypatch.setenv("FLEETD_TEST_SLOW_IMPORT", "60")
-    fleet.forker_boot_limit = 1.0
-    start = fleet.clock.monotonic() + 5.0  # past the pause after the first one's death
+    fleet.children.forker_boot_limit = 1.0
+    start = fleet.parts.clock.monotonic() + 5.0  # past the pause after the first one's death
     for broken, pause in ((1, 1.0), (2, 2.0)):  # 1, 2, 4 ... s from the start of the last
-        fleet.spawn(start)
-        hung = fleet.forker
+        fleet.children.spawn(start)
+        hung = fleet.parts.forker
         assert isinstance(hung, ForkLink) and hung.pid is not None and not hung.ready
         hung_pid = hung.pid
-        assert fleet.forker_due_at() == start + 1.0  # the loop wakes at the boot limit
-        fleet.spawn(start + 0.5)  # booting: nothing asked of it, nothing killed
-        assert fleet.forker is hung and not fleet.pools["p"].workers
-        fleet.spawn(start + 1.0)
-        assert fleet.forker is None and hung.pid is None  # killed, and reaped
+        assert fleet.children.forker_due_at() == start + 1.0  # the loop wakes at the boot limit
+        fleet.children.spawn(start + 0.5)  # booting: nothing asked of it, nothing killed
+        assert fleet.parts.forker is hung and not fleet.parts.pools["p"].workers
+        fleet.children.spawn(start + 1.0)
+        assert fleet.parts.forker is None and hung.pid is None  # killed, and reaped
         with pytest.raises(ChildProcessError):
             os.waitpid(hung_pid, os.WNOHANG)
-        assert fleet.forkers_broken == broken
-        assert fleet.forker_due == max(start + 1.0, start + pause)
-        start = fleet.forker_due
-    fleet.spawn(start - 0.5)
-    assert fleet.forker is None  # not before its pause is over
+        assert fleet.children.forkers_broken == broken
+        assert fleet.children.forker_due == max(start + 1.0, start + pause)
+        start = fleet.children.forker_due
+    fleet.children.spawn(start - 0.5)
+    assert fleet.parts.forker is None  # not before its pause is over

@@ -147,13 +147,7 @@ def test_an_unexpected_error_in_the_loop_releases_every_lease(fleet: Harness) ->
             }
         }
     )
-    import os
-
-    os.environ["FLEETD_TEST_LOOP_FAULT"] = "2"
-    try:
-        sup = fleet.start()
-    finally:
-        del os.environ["FLEETD_TEST_LOOP_FAULT"]
+    sup = fleet.start(hooks=["--loop-fault", "2"])
     ids = [fleet.enqueue("sleep", {"seconds": 30}) for _ in range(2)]
     assert sup.wait_exit(timeout=20) == 70
     assert "injected loop fault" in sup.log() and "Traceback" in sup.log()

@@ -22,6 +22,8 @@ from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.imports import import_handlers
 from supervisor.model import JobState, Lease, NewJob, PoolHistory, PoolStats
 from supervisor.policy import Ceiling
+from supervisor.run import stopping
+from supervisor.run.build import build_fleet
 from supervisor.run.drain import DrainPhase
 from supervisor.run.fleet import Fleet
 from supervisor.run.storecalls import Results
@@ -86,8 +88,8 @@ def made(tmp_path: Path):
         config = load_config(write_config(tmp_path, f"sqlite:///{tmp_path}/q.db", {"p": keys}))
         store = open_store(config.database)
         link = DeferLink(open_store(config.database))
-        fleet = Fleet(config, store, import_handlers(config), node_id="hand", link=link)
-        fleet.loop = infleet.HandLoop()  # type: ignore[assignment]
+        fleet = build_fleet(config, store, import_handlers(config), node_id="hand", link=link)
+        fleet.parts.loop = infleet.HandLoop()  # type: ignore[assignment]
         infleet.inline_forks(fleet)
         fleets.append(fleet)
         return fleet, store, link
@@ -103,19 +105,21 @@ def job(kind: str = "noop", **payload: Any) -> NewJob:
 
 def quiet(fleet: Fleet, now: float) -> None:
     """Every timer of the loop far away."""
-    fleet.next_publish = fleet.scaler.next_eval = fleet.housekeeping.next_reap = now + 100
-    fleet.next_watchdog = fleet.next_waker_at = now + 100
-    fleet.controls.next_read = now + 100  # pauses and cancels (run/controls.py)
-    for pool in fleet.pools.values():
+    fleet.publisher.next_publish = fleet.parts.scaler.next_eval = (
+        fleet.parts.housekeeping.next_reap
+    ) = now + 100
+    fleet.next_watchdog = fleet.wakeups.next_waker_at = now + 100
+    fleet.parts.controls.next_read = now + 100  # pauses and cancels (run/controls.py)
+    for pool in fleet.parts.pools.values():
         pool.next_poll_at = now + 100
-        fleet.dispatcher.next_heartbeat[pool.name] = now + 100
+        fleet.parts.dispatcher.next_heartbeat[pool.name] = now + 100
 
 
 def test_the_loop_sleeps_while_a_claim_is_answered(made) -> None:
     fleet, _store, link = made()
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
-    now = fleet.clock.monotonic()
-    fleet.dispatcher.claim(pool, now)
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.dispatcher.claim(pool, now)
     assert link.names() == ["claim_rows"]
     quiet(fleet, now)
     pool.next_poll_at = now - 1  # its poll was due: that is why it claimed
@@ -126,13 +130,13 @@ def test_the_loop_sleeps_while_an_extend_is_answered(made) -> None:
     fleet, store, link = made()
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
     store.enqueue_many([job("sleep", seconds=5)])
-    now = fleet.clock.monotonic()
-    fleet.dispatcher.claim(pool, now)
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.dispatcher.claim(pool, now)
     link.answer()
-    fleet.dispatcher.heartbeat(pool, now)
+    fleet.parts.dispatcher.heartbeat(pool, now)
     assert link.names() == ["extend"]
     quiet(fleet, now)
-    fleet.dispatcher.next_heartbeat["p"] = now - 1
+    fleet.parts.dispatcher.next_heartbeat["p"] = now - 1
     assert fleet.next_timeout() > 1.0
 
 
@@ -141,18 +145,18 @@ def test_the_loop_sleeps_while_its_pool_is_paused(made) -> None:
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
     store.enqueue_many([job()])
     store.pause("p")
-    now = fleet.clock.monotonic()
-    fleet.controls.tick(now)
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.controls.tick(now)
     link.answer()  # the controls read: the pool is paused
     assert pool.paused
     quiet(fleet, now)
     pool.next_poll_at = now - 1  # its poll is due, and its worker idle: it claims nothing
-    fleet.dispatcher.claim(pool, now)
+    fleet.parts.dispatcher.claim(pool, now)
     assert link.names() == []
     assert fleet.next_timeout() > 1.0  # not 0 s each pass while the pause lasts
     store.resume("p")
-    fleet.controls.wake()
-    fleet.controls.tick(now)
+    fleet.parts.controls.wake()
+    fleet.parts.controls.tick(now)
     link.answer()
     assert not pool.paused
     assert pool.next_poll_at == 0.0  # resumed: it claims at once
@@ -161,22 +165,22 @@ def test_the_loop_sleeps_while_its_pool_is_paused(made) -> None:
 
 def test_a_paused_pool_is_not_saturated_and_scales_in_like_an_idle_one(made) -> None:
     fleet, _store, _link = made(min_workers=1, max_workers=4, scale_in_cooldown="10s")
-    pool = fleet.pools["p"]
+    pool = fleet.parts.pools["p"]
     pool.target = 4  # at its ceiling
     ceiling = Ceiling("p", 4, "max_workers", 4, None, 1 << 30, None, 0, "configured", 1 << 30)
     behind = PoolStats("p", ready=500, oldest_ready_age=10_000.0)  # far past its target
     history = PoolHistory(completed=100, durations=(1.0,) * 10)
-    scaling = fleet.scaler.scaling["p"]
-    now = fleet.clock.monotonic()
-    fleet.scaler._decide(pool, behind, history, ceiling, now)
+    scaling = fleet.parts.scaler.scaling["p"]
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.scaler._decide(pool, behind, history, ceiling, now)
     assert scaling.saturated and pool.target == 4
     pool.paused_kinds = frozenset(pool.kinds)  # paused whole: its backlog waits on purpose
-    fleet.scaler._decide(pool, behind, history, ceiling, now + 1)
+    fleet.parts.scaler._decide(pool, behind, history, ceiling, now + 1)
     assert not scaling.saturated and scaling.desired == 0
-    fleet.scaler._decide(pool, behind, history, ceiling, now + 12)  # the cooldown is over
+    fleet.parts.scaler._decide(pool, behind, history, ceiling, now + 12)  # the cooldown is over
     assert pool.target == 3  # in, one worker at a time, as an idle pool
     for step in range(3, 10):
-        fleet.scaler._decide(pool, behind, history, ceiling, now + 12 + step * 11)
+        fleet.parts.scaler._decide(pool, behind, history, ceiling, now + 12 + step * 11)
     assert pool.target == 1  # down to min_workers, not below
 
 
@@ -188,7 +192,7 @@ def test_pauses_are_known_at_boot_before_any_claim(made, monkeypatch) -> None:
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
     store.enqueue_many([job()])
     assert pool.paused
-    fleet.dispatch(fleet.clock.monotonic())
+    fleet.dispatch(fleet.parts.clock.monotonic())
     assert "claim_rows" not in link.names()
 
 
@@ -199,9 +203,9 @@ def test_the_reaper_reports_a_job_it_cancelled(made, caplog) -> None:
     store.cancel([jid])  # requested: the host that held it is gone
 
     def reaped() -> bool:  # once its lease ran out
-        fleet.housekeeping.reap(fleet.clock.monotonic(), 0.0)
+        fleet.parts.housekeeping.reap(fleet.parts.clock.monotonic(), 0.0)
         link.answer()
-        return fleet.counters.lease_expiries == 1
+        return fleet.parts.counters.lease_expiries == 1
 
     eventually(reaped, timeout=5)
     assert store.get(jid).state is JobState.CANCELLED
@@ -214,12 +218,12 @@ def test_the_loop_sleeps_while_results_are_written(made) -> None:
     fleet, store, link = made()
     pool, worker = infleet.one_worker(fleet, short_jobs=False)
     store.enqueue_many([job()])
-    now = fleet.clock.monotonic()
-    fleet.dispatcher.claim(pool, now)
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.dispatcher.claim(pool, now)
     link.answer()
     assert select.select([worker.fd], [], [], 5)[0]
-    fleet.read_worker(worker)  # JobDone: an ack in the outbox
-    fleet.dispatcher.flush(fleet.clock.monotonic(), force=True)
+    fleet.children.read_worker(worker)  # JobDone: an ack in the outbox
+    fleet.parts.dispatcher.flush(fleet.parts.clock.monotonic(), force=True)
     assert link.names() == ["write_results"]
     quiet(fleet, now)
     assert fleet.next_timeout() > 1.0
@@ -229,22 +233,22 @@ def test_a_claim_answered_after_the_drain_began_is_released_before_the_exit(made
     fleet, store, link = made()
     pool, worker = infleet.one_worker(fleet, short_jobs=False)
     (jid,) = store.enqueue_many([job()])
-    now = fleet.clock.monotonic()
-    fleet.dispatcher.claim(pool, now)  # in flight: the store is slow
-    fleet.drain.on_signal(now)  # SIGTERM
-    fleet.begin_drain(now)
-    fleet.advance_drain(now)  # the idle worker is stopped
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.dispatcher.claim(pool, now)  # in flight: the store is slow
+    fleet.parts.drain.on_signal(now)  # SIGTERM
+    stopping.begin_drain(fleet.parts, now)
+    stopping.advance_drain(fleet.parts, now)  # the idle worker is stopped
     infleet.wait_exited(worker.pid)
-    fleet.reap_children(fleet.clock.monotonic())
-    fleet.dispatch(fleet.clock.monotonic())
-    fleet.advance_drain(fleet.clock.monotonic())
-    assert fleet.drain.phase != DrainPhase.STOPPED  # the claim's reply is still to come
+    fleet.children.reap_children(fleet.parts.clock.monotonic())
+    fleet.dispatch(fleet.parts.clock.monotonic())
+    stopping.advance_drain(fleet.parts, fleet.parts.clock.monotonic())
+    assert fleet.parts.drain.phase != DrainPhase.STOPPED  # the claim's reply is still to come
     link.answer()  # it comes: what it took goes back
     for _ in range(3):
-        fleet.dispatch(fleet.clock.monotonic())
+        fleet.dispatch(fleet.parts.clock.monotonic())
         link.answer()
-        fleet.advance_drain(fleet.clock.monotonic())
-    assert fleet.drain.phase == DrainPhase.STOPPED
+        stopping.advance_drain(fleet.parts, fleet.parts.clock.monotonic())
+    assert fleet.parts.drain.phase == DrainPhase.STOPPED
     found = store.get(jid)
     assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
 
@@ -253,11 +257,11 @@ def test_a_scaler_reply_after_the_drain_began_raises_no_target(made) -> None:
     fleet, store, link = made()
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
     store.enqueue_many([job("sleep", seconds=5)])
-    now = fleet.clock.monotonic()
-    fleet.scaler.tick(now, draining=False)
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.scaler.tick(now, draining=False)
     assert "scaler_read" in link.names()
-    fleet.drain.on_signal(now)
-    fleet.begin_drain(now)
+    fleet.parts.drain.on_signal(now)
+    stopping.begin_drain(fleet.parts, now)
     link.answer()
     assert pool.target == 0
 
@@ -266,8 +270,10 @@ def test_the_emergency_stop_releases_a_claim_answered_during_it(made) -> None:
     fleet, store, _link = made()
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
     (jid,) = store.enqueue_many([job()])
-    fleet.dispatcher.claim(pool, fleet.clock.monotonic())  # in flight when the loop fails
-    fleet.stop_after_error()
+    fleet.parts.dispatcher.claim(
+        pool, fleet.parts.clock.monotonic()
+    )  # in flight when the loop fails
+    stopping.stop_after_error(fleet.parts)
     found = store.get(jid)
     assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
 
@@ -276,7 +282,7 @@ def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, mo
     """A bug in the store (not the database being away) is not retried forever: the reply's
     error is raised in the loop, whose error policy stops the supervisor."""
     fleet, _store, link = made()
-    d = fleet.dispatcher
+    d = fleet.parts.dispatcher
     d.outbox.release(Lease(1, "x"))
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -288,7 +294,7 @@ def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, mo
         "write_results",
         broken,
     )
-    d.flush(fleet.clock.monotonic(), force=True)
+    d.flush(fleet.parts.clock.monotonic(), force=True)
     with pytest.raises(StoreError, match="a bug in the store"):
         link.answer()
     assert d.pending_writes == 1  # kept for the emergency stop
@@ -296,19 +302,19 @@ def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, mo
 
 def test_the_controls_read_backs_off_when_the_store_is_away_and_raises_a_bug(made) -> None:
     fleet, _store, link = made()
-    health = fleet.dispatcher.health
-    now = fleet.clock.monotonic()
+    health = fleet.parts.dispatcher.health
+    now = fleet.parts.clock.monotonic()
 
     def away(node: str) -> Any:
         raise StoreUnavailable("database is locked")
 
     link.store.controls = away
-    fleet.controls.tick(now)
+    fleet.parts.controls.tick(now)
     link.answer()
     assert health.failures == 1 and health.retry_at > now  # backoff, as every store call
     del link.store.controls
-    fleet.controls.wake()
-    fleet.controls.tick(health.retry_at)
+    fleet.parts.controls.wake()
+    fleet.parts.controls.tick(health.retry_at)
     link.answer()
     assert health.failures == 0 and health.retry_at == 0.0  # a read that came back: ok()
 
@@ -316,8 +322,8 @@ def test_the_controls_read_backs_off_when_the_store_is_away_and_raises_a_bug(mad
         raise RuntimeError("a bug in the store")
 
     link.store.controls = broken
-    fleet.controls.wake()
-    fleet.controls.tick(fleet.clock.monotonic())
+    fleet.parts.controls.wake()
+    fleet.parts.controls.tick(fleet.parts.clock.monotonic())
     with pytest.raises(StoreError, match="a bug in the store"):  # the loop's error policy
         link.answer()
     assert health.failures == 0
@@ -404,31 +410,35 @@ def test_the_loop_sleeps_while_a_drain_waits_for_its_writes(made) -> None:
     fleet, store, link = made()
     pool, worker = infleet.one_worker(fleet, short_jobs=False)
     store.enqueue_many([job("sleep", seconds=5)])
-    now = fleet.clock.monotonic()
-    fleet.dispatcher.claim(pool, now)
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.dispatcher.claim(pool, now)
     link.answer()
-    fleet.drain.on_signal(now)
-    fleet.begin_drain(now)
-    fleet.drain.on_signal(now)  # a second signal: stop running jobs now
-    fleet.advance_drain(now)
+    fleet.parts.drain.on_signal(now)
+    stopping.begin_drain(fleet.parts, now)
+    fleet.parts.drain.on_signal(now)  # a second signal: stop running jobs now
+    stopping.advance_drain(fleet.parts, now)
     infleet.wait_exited(worker.pid)
-    fleet.reap_children(fleet.clock.monotonic())
-    fleet.dispatch(fleet.clock.monotonic())  # the release goes out, and is not answered
+    fleet.children.reap_children(fleet.parts.clock.monotonic())
+    fleet.dispatch(fleet.parts.clock.monotonic())  # the release goes out, and is not answered
     assert link.names() == ["write_results"]
     quiet(fleet, now)
-    fleet.scaler.next_eval = fleet.housekeeping.next_reap = now - 1  # long past, as in a drain
+    fleet.parts.scaler.next_eval = fleet.parts.housekeeping.next_reap = (
+        now - 1
+    )  # long past, as in a drain
     assert fleet.next_timeout() > 0.5
 
 
 def test_the_loop_sleeps_while_the_scaler_and_the_reaper_wait_for_figures(made) -> None:
     fleet, _store, link = made()
     infleet.one_worker(fleet, short_jobs=False)
-    now = fleet.clock.monotonic()
-    fleet.scaler.tick(now, draining=False)
-    fleet.housekeeping.reap(now, 0.5)
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.scaler.tick(now, draining=False)
+    fleet.parts.housekeeping.reap(now, 0.5)
     assert link.names() == ["scaler_read", "reap_described"]
     quiet(fleet, now)
-    fleet.scaler.next_eval = fleet.housekeeping.next_reap = now - 1  # due again meanwhile
+    fleet.parts.scaler.next_eval = fleet.parts.housekeeping.next_reap = (
+        now - 1
+    )  # due again meanwhile
     assert fleet.next_timeout() > 1.0
 
 
@@ -498,22 +508,22 @@ def test_an_armed_claim_answered_after_the_pool_lost_its_workers_hands_its_jobs_
     leases would be extended for ever (the scaler sees no ready job, so no worker comes)."""
     fleet, store, deferred = made(min_workers=0)
     link = ArmLink(deferred.store)
-    d = fleet.dispatcher
+    d = fleet.parts.dispatcher
     d.link = d.leases.link = d.outbox.link = link
     pool, worker = infleet.one_worker(fleet, short_jobs=False)
-    d.claim(pool, fleet.clock.monotonic())  # nothing queued: an empty claim
+    d.claim(pool, fleet.parts.clock.monotonic())  # nothing queued: an empty claim
     link.answer()
-    d.claim(pool, fleet.clock.monotonic())  # armed now
+    d.claim(pool, fleet.parts.clock.monotonic())  # armed now
     assert "p" in link.armed and "p" in d.armed
     pool.target = 0  # the scaler takes the idle pool to zero
-    fleet.spawn(fleet.clock.monotonic())
+    fleet.children.spawn(fleet.parts.clock.monotonic())
     infleet.wait_exited(worker.pid)
-    fleet.reap_children(fleet.clock.monotonic())
+    fleet.children.reap_children(fleet.parts.clock.monotonic())
     assert not pool.workers
     (jid,) = store.enqueue_many([job()])
     link.notify("p")  # its NOTIFY runs the armed claim
     assert not d.buffer["p"]
-    d.flush(fleet.clock.monotonic(), force=True)
+    d.flush(fleet.parts.clock.monotonic(), force=True)
     link.answer()
     found = store.get(jid)
     assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
@@ -522,12 +532,12 @@ def test_an_armed_claim_answered_after_the_pool_lost_its_workers_hands_its_jobs_
 def test_the_loop_sleeps_while_the_controls_are_read(made) -> None:
     fleet, store, link = made()
     infleet.one_worker(fleet, short_jobs=False)
-    now = fleet.clock.monotonic()
-    fleet.controls.tick(now)  # due at once after boot
+    now = fleet.parts.clock.monotonic()
+    fleet.parts.controls.tick(now)  # due at once after boot
     assert link.names() == ["controls"]
     quiet(fleet, now)
-    fleet.controls.next_read = now - 1
+    fleet.parts.controls.next_read = now - 1
     assert fleet.next_timeout() > 1.0  # its reply wakes the selector
     store.pause("p")
     link.answer()
-    assert fleet.pools["p"].paused and not fleet.controls.reading
+    assert fleet.parts.pools["p"].paused and not fleet.parts.controls.reading

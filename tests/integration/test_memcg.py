@@ -239,21 +239,21 @@ def test_a_kernel_kill_noticed_at_reap_is_booked_against_its_job(
             "max_deliveries": 2,
         },
     )
-    fleet.memcg.start()
+    fleet.parts.memcg.start()
     try:
         pool, worker = infleet.one_worker(fleet, short_jobs=False)
         (job_id,) = store.enqueue_many([NewJob("shm_bomb", "p", '{"mib": 450}', 2)])
-        now = fleet.clock.monotonic()
-        fleet.dispatcher.claim(pool, now)
-        fleet.dispatcher.assign(pool, now)
+        now = fleet.parts.clock.monotonic()
+        fleet.parts.dispatcher.claim(pool, now)
+        fleet.parts.dispatcher.assign(pool, now)
         infleet.wait_exited(worker.pid, timeout=30)
-        fleet.reap_children(fleet.clock.monotonic())
-        fleet.dispatcher.flush(fleet.clock.monotonic(), force=True)
+        fleet.children.reap_children(fleet.parts.clock.monotonic())
+        fleet.parts.dispatcher.flush(fleet.parts.clock.monotonic(), force=True)
         job = store.get(job_id)
         assert job is not None and job.state == JobState.QUEUED, job  # retried, not released
         assert job.attempts == 1 and job.error_kind == ErrorKind.MEMORY_LIMIT, job
         assert "killed by the kernel at its cgroup limit" in (job.last_error or "")
     finally:
         infleet.stop_all(fleet)
-        fleet.memcg.close()
+        fleet.parts.memcg.close()
         store.close()

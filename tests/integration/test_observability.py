@@ -154,15 +154,12 @@ def _hist(m: metrics.MetricDef) -> tuple[str, ...]:
 
 
 @pytest.mark.parametrize("engine", ["sqlite"])
-def test_healthz_catches_a_busy_worker_whose_kill_did_not_work(
-    fleet: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_healthz_catches_a_busy_worker_whose_kill_did_not_work(fleet: Harness) -> None:
     port = free_port()
     # one delivery: the job is not run again on a fresh worker that would be wedged the same way
     work = {**WORK, "min_workers": 1, "max_workers": 1, "lease": "3s", "max_deliveries": 1}
     config = fleet.configure({"work": work}, metrics=f"127.0.0.1:{port}")
-    monkeypatch.setenv("FLEETD_TEST_NO_KILL", "timeout")  # the deadline kill is not sent
-    sup = fleet.start()
+    sup = fleet.start(hooks=["--no-kill", "timeout"])  # the deadline kill is not sent
     eventually(lambda: get(port, "/healthz")[0] == 200, timeout=10)
     job = fleet.enqueue("hang_past_the_alarm")  # and the worker's own alarm is ignored
 

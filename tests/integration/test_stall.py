@@ -74,16 +74,18 @@ class Stall:
         self.engine, self.database, self.proxy = engine, database, proxy
         self.locker: subprocess.Popen[str] | None = None
         self.timer: threading.Timer | None = None
+        self.seconds = STALL
 
-    def begin(self) -> None:
+    def begin(self, seconds: float = STALL) -> None:
+        self.seconds = seconds
         if self.proxy is not None:
             self.proxy.stall()
-            self.timer = threading.Timer(STALL, self.proxy.resume)
+            self.timer = threading.Timer(seconds, self.proxy.resume)
             self.timer.start()
             return
         path = self.database.removeprefix("sqlite:///")
         self.locker = subprocess.Popen(
-            [sys.executable, "-c", LOCKER, path, str(STALL)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", LOCKER, path, str(seconds)], stdout=subprocess.PIPE, text=True
         )
         assert self.locker.stdout is not None
         assert self.locker.stdout.readline().strip() == "locked"
@@ -93,7 +95,7 @@ class Stall:
         if self.timer is not None:
             self.timer.join()
         elif self.locker is not None:
-            self.locker.wait(timeout=STALL + 10)
+            self.locker.wait(timeout=self.seconds + 10)
 
 
 def gone(pid: int) -> bool:
@@ -192,3 +194,32 @@ def test_a_stalled_database_stops_no_kill_no_drain_and_loses_nothing(
     assert jobs[long].state == JobState.DONE and jobs[long].attempts == 1, jobs[long]
     assert "Traceback" not in sup.log()
     second.stop()  # before the fixture drops the test's database
+
+
+def test_sigterm_in_a_stall_that_outlasts_the_drain_ends_within_grace_plus_12s(
+    stalled: tuple[Harness, Stall],
+) -> None:
+    """The database stalls for longer than the drain may wait: the running job is killed at
+    the end of the grace period, its release cannot be written, and the supervisor still exits
+    within grace + 12 s: the drain waits ``WRITE_PATIENCE`` (10 s) for its writes, to the
+    instant, then the shutdown closes the store processes within one bound of 0.5 s (the
+    release is left to expire into a reaper: nothing is lost)."""
+    fleet, stall = stalled
+    fleet.configure({"long": POOLS["long"]}, grace_period=f"{GRACE:g}s")
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "long", 1)
+    job = fleet.enqueue("sleep", {"seconds": 60})
+    fleet.wait_state([job], JobState.LEASED, timeout=10)
+    sup.wait_workers(fleet.store, "long", 1, "busy")
+    stall.begin(seconds=GRACE + 25)
+    try:
+        sup.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = sup.wait_exit(timeout=GRACE + 12 + 10)
+        took = time.monotonic() - signalled
+        assert code == 0, sup.log()
+        assert "leases will expire" in sup.log()  # it did wait for its writes, and gave up
+        assert GRACE + 10 <= took <= GRACE + 12, f"exited {took:.2f}s after SIGTERM"
+        assert not sup.alive_descendants(), "a worker or the store process outlived it"
+    finally:
+        stall.end()

@@ -105,3 +105,21 @@ def test_done_jobs_are_pruned_after_the_retention(fleet: Harness) -> None:
     sup2 = fleet.start("node-b")
     eventually(lambda: fleet.store.get(old) is None, timeout=10)
     sup2.check_alive()
+
+
+@SQLITE_ONLY
+def test_the_process_title_names_the_config_file(fleet: Harness) -> None:
+    """Two fleets on one host tell apart in ``ps``: the title names the config as the command
+    line gave it, with the pools and the workers."""
+    config = fleet.configure({"p": {"handlers": handlers("echo"), "min_workers": 2}})
+    sup = fleet.start()
+    sup.wait_workers(fleet.store, "p", 2)
+    expected = f"fleetd: supervisor [fleet] {config} 1 pools 2 workers"
+    seen: list[str] = []
+
+    def titled() -> bool:
+        assert sup.ps is not None
+        seen.append(" ".join(sup.ps.cmdline()).strip())  # setproctitle pads with empty args
+        return seen[-1] == expected
+
+    assert eventually(titled, timeout=10), seen[-1:]

@@ -137,8 +137,8 @@ def hang(payload: Payload) -> None:
 
 def hang_past_the_alarm(payload: Payload) -> None:
     """Sleep forever with the worker's own deadline alarm ignored: with the supervisor's kill
-    disabled too (FLEETD_TEST_NO_KILL), a worker that cannot be stopped, as one stuck in
-    uninterruptible sleep would be."""
+    disabled too (``--no-kill``, tests/support/hooked_start.py), a worker that cannot be
+    stopped, as one stuck in uninterruptible sleep would be."""
     from workers.limits import DEADLINE_SIGNAL
 
     signal.signal(DEADLINE_SIGNAL, signal.SIG_IGN)

@@ -6,7 +6,7 @@ answered before ``submit`` returns, so a claim fills the buffer at once). Only t
 is replaced: ``HandLoop`` records what
 the fleet watches, and the test decides when a worker's frames are read. And the forker's part
 is done here (``InlineForker``): the workers are this process's children, reaped by
-``Fleet.reap_children`` (the path a dead forker's workers take), so a test can hold a worker's
+``Children.reap_children`` (the path a dead forker's workers take), so a test can hold a worker's
 exit unreaped (``wait_exited``) between two steps. ``real_forker`` gives a fleet a real forker
 instead, for the races between the loop and it (tests/integration/test_forker_races.py)."""
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from supervisor.config import load_config
 from supervisor.imports import handler_refs, import_handlers
+from supervisor.run.build import build_fleet
 from supervisor.run.fleet import Fleet
 from supervisor.run.forklink import ForkLink, start_forker
 from supervisor.run.pool import Pool
@@ -72,7 +73,7 @@ class InlineForker:
         self, spec: WorkerSpec, *, now: float, cgroup_fd: int | None = None
     ) -> WorkerHandle:
         spec = dataclasses.replace(spec, cgroup_fd=cgroup_fd)
-        return fork_worker(spec, now=now, child_cleanup=self.fleet.child_cleanup)
+        return fork_worker(spec, now=now, child_cleanup=self.fleet.parts.child_cleanup)
 
     def take_exits(self) -> list[tuple[int, int]]:
         return []
@@ -92,16 +93,16 @@ class InlineForker:
 
 def inline_forks(fleet: Fleet) -> Fleet:
     """``fleet`` with its workers forked in this process (``InlineForker``)."""
-    fleet.forker = InlineForker(fleet)  # type: ignore[assignment]
+    fleet.parts.forker = InlineForker(fleet)  # type: ignore[assignment]
     return fleet
 
 
 def real_forker(fleet: Fleet) -> Fleet:
     """``fleet`` with a real forker (workers/forker.py), started from this process: its
     workers are the forker's children, their exits relayed as in ``fleetd start``."""
-    fleet.forker = start_forker(fleet.handlers, handler_refs(fleet.config))
-    fleet.forker.await_ready(30.0)  # as fleetd start does before the loop
-    fleet.watch_forker()
+    fleet.parts.forker = start_forker(fleet.parts.handlers, handler_refs(fleet.parts.config))
+    fleet.parts.forker.await_ready(30.0)  # as fleetd start does before the loop
+    fleet.children.watch_forker()
     return fleet
 
 
@@ -140,8 +141,10 @@ def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
     config = load_config(write_config(folder, f"sqlite:///{folder}/q.db", {"p": pool}))
     store = open_store(config.database)
     handlers = import_handlers(config)
-    fleet = Fleet(config, store, handlers, node_id="hand", link=InlineLink(store, time.monotonic))
-    fleet.loop = HandLoop()  # type: ignore[assignment]
+    fleet = build_fleet(
+        config, store, handlers, node_id="hand", link=InlineLink(store, time.monotonic)
+    )
+    fleet.parts.loop = HandLoop()  # type: ignore[assignment]
     inline_forks(fleet)
     return fleet, store
 
@@ -149,16 +152,16 @@ def fleet_of(folder: Path, pool: dict[str, Any]) -> tuple[Fleet, Store]:
 def one_worker(fleet: Fleet, *, short_jobs: bool = True) -> tuple[Pool, WorkerHandle]:
     """Fork the pool's one worker and wait for its Ready. ``short_jobs``: the pool has
     measured its jobs as sub-millisecond, so it pipelines."""
-    pool = fleet.pools["p"]
+    pool = fleet.parts.pools["p"]
     if short_jobs:
         pool.recent_duration = 0.0
-    fleet.fork(pool, fleet.clock.monotonic())
+    fleet.children.fork(pool, fleet.parts.clock.monotonic())
     (worker,) = pool.workers.values()
     deadline = time.monotonic() + 10
     while worker.state == "starting":
         ready, _, _ = select.select([worker.fd], [], [], max(0.0, deadline - time.monotonic()))
         assert ready, "the worker did not say Ready"
-        fleet.read_worker(worker)
+        fleet.children.read_worker(worker)
     return pool, worker
 
 
@@ -174,13 +177,13 @@ def wait_exited(pid: int, timeout: float = 10.0) -> None:
 def stop_all(fleet: Fleet) -> None:
     """Kill and reap every worker, and remove the memory cgroups a booted fleet made (they
     are shared by every fleet of this test process: one left behind fails a later test)."""
-    for pool in fleet.pools.values():
+    for pool in fleet.parts.pools.values():
         for worker in list(pool.workers.values()):
             try:
                 os.kill(worker.pid, 9)
                 os.waitpid(worker.pid, 0)
             except (OSError, ChildProcessError):
                 pass
-    if isinstance(fleet.forker, ForkLink):
-        fleet.forker.close(1.0)
-    fleet.memcg.close()
+    if isinstance(fleet.parts.forker, ForkLink):
+        fleet.parts.forker.close(1.0)
+    fleet.parts.memcg.close()
