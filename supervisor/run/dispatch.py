@@ -6,11 +6,11 @@
     leases: ``LeaseKeeper`` (run/leases.py) extends them every heartbeat and kills a worker
     whose lease is lost or ran out; results: ``Outbox`` (run/outbox.py), one batch in flight.
 
-Every store call is a message to a store process (run/storelink.py) answered later through the
-loop: one claim per pool is in flight at a time; its reply fills the buffer and hands out at
-once. An idle pool arms its claim in the store process, which runs it when a wake-up (a
-NOTIFY, a datagram on SQLite) names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and
-``DISARM`` adjust it).
+Every store call is a request to a store process (run/requests.py, run/storelink.py) answered
+later through the loop: one claim per pool is in flight at a time; its reply fills the buffer
+and hands out at once. An idle pool arms its claim in the store process, which runs it when a
+wake-up (a NOTIFY, a datagram on SQLite) names the pool (``ArmedClaim``; ``Fire``, ``Retime``
+and ``Disarm`` adjust it).
 
 Claims pass the pool's fleet-wide caps and its order between tenants (``ClaimLimits``: fair
 share and weights) and retry budget to the store, which enforces them for every host at once;
@@ -45,12 +45,14 @@ from supervisor.policy import KillKind, KillReason, poll_delay, retry_delay
 from supervisor.run.counters import Counters
 from supervisor.run.exits import ExitVerdict, job_verdicts
 from supervisor.run.leases import Buffered, LeaseKeeper
+from supervisor.run.link import Link, Reply
 from supervisor.run.outbox import Outbox, StoreHealth, log_job
 from supervisor.run.pool import Pool
+from supervisor.run.requests import ArmedClaim, ClaimRated, ClaimRows, Disarm, Fire, Retime
 from supervisor.run.storecalls import claimed_job
-from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, RETIME, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.storable import UnstorableResult, storable_message, storable_result
+from supervisor.store.claim import ClaimRequest
 from supervisor.store.rated import RatedRows
 from supervisor.units import format_duration
 from workers import exitcodes, protocol
@@ -67,7 +69,7 @@ JOB_RESULTS = (protocol.JobDone, protocol.JobFailed)
 class Dispatcher:
     def __init__(
         self,
-        link: Any,
+        link: Link,
         pools: dict[str, Pool],
         node_id: str,
         clock: Clock,
@@ -121,7 +123,7 @@ class Dispatcher:
         pool.empty_claims = 0
         pool.next_poll_at = 0.0
         if pool.name in self.armed:  # the wake-up reached the loop, not the store process
-            self.link.submit(FIRE, pool.name, on_reply=lambda reply: None)
+            self.link.submit(Fire(pool.name), on_reply=lambda reply: None)
         if pool.name in self.claiming:  # it may have missed them: claim again after it
             self.woken.add(pool.name)
 
@@ -133,7 +135,7 @@ class Dispatcher:
         pool.next_poll_at = min(pool.next_poll_at, at)
         if name in self.armed:
             wait = max(0.0, at - self.clock.monotonic())
-            self.link.submit(RETIME, name, wait, on_reply=lambda reply: None)
+            self.link.submit(Retime(name, wait), on_reply=lambda reply: None)
 
     def claim(self, pool: Pool, now: float) -> None:
         """Claim for this pool's free room plus ``prefetch`` when its poll is due. Room is a
@@ -171,7 +173,7 @@ class Dispatcher:
         arm = (
             now < pool.next_poll_at
             and pool.empty_claims > 0
-            and getattr(self.link, "arms_claims", False)
+            and self.link.arms_claims
             and not pool.limits.capped
             and pool.rate is None
             and not self.draining
@@ -182,39 +184,32 @@ class Dispatcher:
             heapq.heappop(due)
         c = pool.config
         limits = pool.limits
-        claim = {
-            "pool": pool.name,
-            "kinds": pool.claimable,  # its kinds but the paused ones (run/controls.py)
-            "n": want,
-            "node": self.node_id,
-            "lease": c.lease,
-            "limits": limits if limits.capped or limits.fair else None,
-            "budget": _budget(c.retry_budget),
-        }
-        self.claiming.add(pool.name)
+        ordered = limits.capped or limits.fair
+        kinds = pool.claimable  # its kinds but the paused ones (run/controls.py)
         if pool.rate is not None:  # the store spends its tokens; kinds without one wait
-            pool.rate_asked = pool.rate_kinds(now)
-            claim.update(kinds=pool.rate_asked, rate=pool.rate)
-            self.link.submit(
-                "claim_rated", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
-            )
-            return
-        if arm:
+            pool.rate_asked = kinds = pool.rate_kinds(now)
+        claim = ClaimRequest(
+            pool.name,
+            kinds,
+            want,
+            self.node_id,
+            c.lease,
+            limits if ordered else None,
+            _budget(c.retry_budget),
+            # this node's results not sent yet, which the fair order leaves out (rated claims
+            # too); not an armed claim's: those results may be written before it runs
+            (self.outbox.finished(pool.name) or None) if ordered and not arm else None,
+        )
+        self.claiming.add(pool.name)
+        if pool.rate is not None:
+            request: ClaimRated | ArmedClaim | ClaimRows = ClaimRated(claim, pool.rate)
+        elif arm:
             self.armed.add(pool.name)
             wait = min(pool.next_poll_at, due[0] if due else math.inf) - now
-            self.link.submit(
-                ARMED_CLAIM,
-                pool.name,
-                max(0.0, wait),
-                on_reply=lambda reply: self._claimed(pool, want, reply),
-                **claim,
-            )
-            return
-        if limits.capped or limits.fair:  # not armed: the results may be written meanwhile
-            claim["finished"] = self.outbox.finished(pool.name) or None
-        self.link.submit(
-            "claim_rows", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
-        )
+            request = ArmedClaim(claim, max(0.0, wait))
+        else:
+            request = ClaimRows(claim)
+        self.link.submit(request, on_reply=lambda reply: self._claimed(pool, want, reply))
 
     def _claimed(self, pool: Pool, want: int, reply: Reply) -> None:
         self.claiming.discard(pool.name)
@@ -528,7 +523,7 @@ class Dispatcher:
         """Have every armed claim run now (a drain, an emergency stop): their replies come
         at once, and what they took is released, instead of up to a poll interval later."""
         if self.armed:
-            self.link.submit(DISARM, on_reply=lambda reply: None)
+            self.link.submit(Disarm(), on_reply=lambda reply: None)
 
     def running_leases(self) -> Iterator[Lease]:
         """The leases of every job sent to a worker (running or queued behind)."""

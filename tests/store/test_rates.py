@@ -10,6 +10,7 @@ import pytest
 
 from supervisor.model import Ack, ClaimLimits, JobState, NewJob, RetryBudget
 from supervisor.rates import Bucket, RateLimit
+from supervisor.store.claim import ClaimRequest
 
 TEN = RateLimit(Bucket(10.0, 10.0))
 
@@ -19,16 +20,8 @@ def job(kind: str = "render", tenant: str | None = None) -> NewJob:
 
 
 def claim(store, n, rate=TEN, kinds=("render",), node="node-a", limits=None, budget=None):
-    return store.claim_rated(
-        pool="bulk",
-        kinds=set(kinds),
-        n=n,
-        node=node,
-        lease=30.0,
-        rate=rate,
-        limits=limits,
-        budget=budget,
-    )
+    request = ClaimRequest("bulk", set(kinds), n, node, 30.0, limits, budget)
+    return store.claim_rated(request, rate)
 
 
 def test_a_claim_takes_at_most_the_whole_tokens_and_says_when_the_next_is_due(store, clock):
