@@ -25,7 +25,15 @@ from supervisor.policy import Ceiling
 from supervisor.run.drain import DrainPhase
 from supervisor.run.fleet import Fleet
 from supervisor.run.link import StoreBug, deliver, execute
-from supervisor.run.requests import ArmedClaim, ClaimRows, Disarm, GetJob, Prune, WriteResults
+from supervisor.run.requests import (
+    ArmedClaim,
+    ClaimRated,
+    ClaimRows,
+    Disarm,
+    GetJob,
+    Prune,
+    WriteResults,
+)
 from supervisor.run.storecalls import Results
 from supervisor.run.storelink import ProcessLink
 from supervisor.store import open_store
@@ -525,3 +533,22 @@ def test_the_loop_sleeps_while_the_controls_are_read(made) -> None:
     store.pause("p")
     link.answer()
     assert fleet.pools["p"].paused and not fleet.controls.reading
+
+
+def test_a_rated_fair_pool_s_claim_carries_this_node_s_unwritten_results(made) -> None:
+    """A rate-limited pool orders fairly between tenants on every claim (rated.py): its claim
+    must say which of its leased jobs ended with their results still in the outbox, as a fair
+    pool's plain claim does (the store's half: tests/store/test_rates.py). It said none."""
+    fleet, store, link = made(rate_limit="100/s")
+    pool, worker = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([NewJob("noop", "p", "{}", 1, tenant="t")])
+    d = fleet.dispatcher
+    d.claim(pool, fleet.clock.monotonic())
+    link.answer()
+    assert select.select([worker.fd], [], [], 5)[0]
+    fleet.read_worker(worker)  # JobDone: an ack in the outbox, not written yet
+    assert d.outbox.finished("p") == {"t": 1}
+    pool.next_poll_at = 0.0
+    d.claim(pool, fleet.clock.monotonic())
+    ((request, _),) = link.calls
+    assert isinstance(request, ClaimRated) and request.claim.finished == {"t": 1}
