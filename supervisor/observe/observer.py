@@ -15,12 +15,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor.errors import StoreError
 from supervisor.model import PoolStats
 from supervisor.observe.recorder import Series
 from supervisor.observe.snapshot import RECENT_WINDOW, FleetSnapshot, PoolView, WorkerView
+
+if TYPE_CHECKING:
+    from supervisor.store import Store
 
 log = logging.getLogger("fleetd.observe")
 
@@ -48,7 +51,7 @@ class ObserverRead:
     pools: Sequence[str]
     after_id: int | None
 
-    def run(self, store: Any) -> tuple[Any, Any]:
+    def run(self, store: Store) -> tuple[dict[str, PoolStats], tuple[dict[str, int], int]]:
         return store.stats(self.pools), store.arrivals(after_id=self.after_id)
 
     def __reduce__(self) -> tuple[Any, ...]:  # as a call with its fields (requests.py)
