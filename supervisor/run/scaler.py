@@ -11,7 +11,7 @@ The arrival rate is measured, not assumed: completions per second over the windo
 backlog's growth per second since the last evaluation (what arrived either finished or is
 still waiting). Until the pool has finished a job there is no service time: the scaler then
 adds one worker at a time while work is waiting. All decisions are in ``supervisor.policy``;
-this module gathers the figures (one request to the store process, ``scaler_read``; the
+this module gathers the figures (one request to the store process, ``ScalerRead``; the
 evaluation runs when it answers) and applies the result. Owned by the main thread.
 """
 

@@ -1,4 +1,4 @@
-"""``Scheduler``: the loop's side of schedules. It asks for a pass (``schedule_pass``,
+"""``Scheduler``: the loop's side of schedules. It asks for a pass (``SchedulePass``,
 supervisor/run/schedulepass.py) on the chores link when the next tick is due, one pass in
 flight at a time, and keeps what the last pass said for the snapshot, metrics and logs.
 
