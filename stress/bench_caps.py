@@ -127,6 +127,7 @@ def _time_claims(
     store: Any, limits: Any, cycles: int, steps: _Steps | None, n: int = 4, rate: Any = None
 ) -> dict[str, float]:
     from supervisor.run.storecalls import claimed_job
+    from supervisor.store.claim import ClaimRequest
 
     times, work = [], []
     claim = {"pool": POOL, "kinds": {KIND}, "n": n, "node": "bench", "lease": 300.0}
@@ -137,7 +138,8 @@ def _time_claims(
             got = store.claim(**claim, limits=limits)
         else:
             got = [
-                claimed_job(r) for r in store.claim_rated(**claim, limits=limits, rate=rate).rows
+                claimed_job(r)
+                for r in store.claim_rated(ClaimRequest(**claim, limits=limits), rate).rows
             ]
         times.append(time.perf_counter() - start)
         work.append(((steps.count if steps else 0) - before) * _Steps.EVERY)

@@ -1,6 +1,6 @@
 """Schedules, decided in pure functions: when a schedule ticks, and which of its due ticks a
 pass enqueues. Values in, values out; the store process runs ``plan`` against a row it just
-read (supervisor/run/storecalls.py ``schedule_pass``) and writes the result in one guarded
+read (supervisor/run/schedulepass.py ``schedule_pass``) and writes the result in one guarded
 transaction; the loop only asks for a pass when the next tick is due (supervisor/run/
 scheduler.py).
 

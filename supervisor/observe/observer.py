@@ -13,13 +13,17 @@ the supervisor's main thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor.errors import StoreError
 from supervisor.model import PoolStats
 from supervisor.observe.recorder import Series
 from supervisor.observe.snapshot import RECENT_WINDOW, FleetSnapshot, PoolView, WorkerView
+
+if TYPE_CHECKING:
+    from supervisor.store import Store
 
 log = logging.getLogger("fleetd.observe")
 
@@ -36,6 +40,28 @@ def progress_window(config: Any) -> float:
 def ping_timeout(config: Any) -> float:
     """How long an idle worker may take to answer a Ping before it counts as wedged."""
     return max(2.0, config.heartbeat)
+
+
+@dataclass(frozen=True, slots=True)
+class ObserverRead:
+    """The observer's request to the store process (supervisor/run/requests.py holds the
+    others; this one lives here, as observe/ never imports run/): per-pool stats and the
+    enqueues since ``after_id``."""
+
+    pools: Sequence[str]
+    after_id: int | None
+
+    def run(self, store: Store) -> tuple[dict[str, PoolStats], tuple[dict[str, int], int]]:
+        return store.stats(self.pools), store.arrivals(after_id=self.after_id)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # as a call with its fields (requests.py)
+        return (ObserverRead, (self.pools, self.after_id))
+
+
+class Submits(Protocol):
+    """What the observer needs of a link (supervisor/run/link.py's ``Link``)."""
+
+    def submit(self, request: Any, on_reply: Callable[[Any], None]) -> None: ...
 
 
 class Observer:
@@ -58,14 +84,14 @@ class Observer:
 
     # ---- the store's figures -----------------------------------------------------------
 
-    def request(self, link: Any, now: float) -> None:
+    def request(self, link: Submits, now: float) -> None:
         """Ask the store process for the figures (one request in flight at a time); they
         are applied when it answers."""
         if self.reading:
             return
         self.reading = True
         pools = list(self.config.pools)
-        link.submit("observer_read", pools, self.last_id, on_reply=lambda r: self._figures(r, now))
+        link.submit(ObserverRead(pools, self.last_id), on_reply=lambda r: self._figures(r, now))
 
     def _figures(self, reply: Any, asked: float) -> None:
         self.reading = False

@@ -22,13 +22,14 @@ from supervisor.run.fleet import Fleet
 from supervisor.run.forklink import ForkLink
 from supervisor.run.hooks import NO_HOOKS, Hooks
 from supervisor.run.housekeeping import Housekeeping
+from supervisor.run.link import Link
 from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.parts import Parts
 from supervisor.run.pinger import Pinger
 from supervisor.run.pool import Pool
 from supervisor.run.scaler import Scaler
 from supervisor.run.scheduler import Scheduler
-from supervisor.run.storelink import InlineLink, ProcessLink
+from supervisor.run.storelink import ProcessLink
 from supervisor.run.storeprocs import StoreProcesses
 from supervisor.store import Store
 
@@ -39,7 +40,7 @@ def build_fleet(
     handlers: dict[str, dict[str, Callable[[Any], Any]]],
     node_id: str | None = None,
     clock: Clock | None = None,
-    link: InlineLink | ProcessLink | None = None,
+    link: Link | None = None,
     forker: ForkLink | None = None,
     *,
     hooks: Hooks = NO_HOOKS,
@@ -55,8 +56,12 @@ def build_fleet(
     # so the loop never waits for the database: ``link`` for the jobs (claims, extends,
     # results; wake-ups), and ``chores`` for what may take long (the reaper and its VACUUM,
     # prune, the figures, the node row), so an extend never queues behind a slow chore
-    link_ = link or ProcessLink(config.database, title=config.name, listen=True)
-    chores = link or ProcessLink(config.database, title=f"{config.name} chores", listen=False)
+    link_: Link = link or ProcessLink(
+        config.database, title=config.name, listen=True, wrap_store=hooks.wrap_store
+    )
+    chores: Link = link or ProcessLink(
+        config.database, title=f"{config.name} chores", listen=False, wrap_store=hooks.wrap_store
+    )
     processes = StoreProcesses([p for p in (link_, chores) if isinstance(p, ProcessLink)])
     node_id = node_id or f"{socket.gethostname()}-{pid}"
     pools = {

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.clock import Clock
-from supervisor.errors import StoreUnavailable
 from supervisor.model import ControlState, Lease, Pause
 from supervisor.policy import KillKind, KillReason
+from supervisor.run.link import Link, Reply
 from supervisor.run.outbox import StoreHealth
 from supervisor.run.pool import Pool
-from supervisor.run.storelink import Reply
+from supervisor.run.requests import ReadControls
 from workers import protocol
 
 log = logging.getLogger("fleetd.controls")
@@ -57,7 +57,7 @@ class Stopping:
 class Controls:
     def __init__(
         self,
-        link: Any,
+        link: Link,
         pools: dict[str, Pool],
         dispatcher: Any,
         node_id: str,
@@ -99,16 +99,12 @@ class Controls:
             return
         self.reading = True
         self.next_read = now + CONTROLS_EVERY
-        self.link.submit("controls", self.node_id, on_reply=self._read)
+        self.link.submit(ReadControls(self.node_id), on_reply=self._read)
 
     def _read(self, reply: Reply) -> None:
         self.reading = False
         now = self.clock.monotonic()
         if reply.error is not None:
-            if not isinstance(reply.error, StoreUnavailable):
-                # not the database being away: a bug (as Outbox._written). The loop's error
-                # policy stops the supervisor; backing off would hide it and retry forever
-                raise reply.error
             self.health.failed(now, "read controls", reply.error)
             return
         self.health.ok()

@@ -5,17 +5,19 @@
                                └── release (drain)┴── exit: classify ──fail/release┘
     decisions: whether and how much to claim (supervisor/plans.py), which buffered job goes to
     which worker (supervisor/sendplan.py); both pure, acted on here. Results and exits:
-    ``Results`` (run/results.py) into the ``Outbox`` (run/outbox.py), one batch in flight.
+    ``JobOutcomes`` (run/outcomes.py) into the ``Outbox`` (run/outbox.py), one batch in flight.
     leases: ``LeaseKeeper`` (run/leases.py) extends them every heartbeat and kills a worker
     whose lease is lost or ran out.
 
-Every store call is a message to a store process (run/storelink.py) answered later through the
-loop: one claim per pool is in flight at a time; its reply fills the buffer and hands out at
-once. An idle pool arms its claim in the store process, which runs it when a wake-up (a
-NOTIFY, a datagram on SQLite) names the pool (``ARMED_CLAIM``; ``FIRE``, ``RETIME`` and
-``DISARM`` adjust it). Claims pass the pool's fleet-wide caps, its order between tenants
-(``ClaimLimits``: fair share and weights) and its retry budget to the store, which enforces
-them for every host at once. A pool with rate limits claims through ``claim_rated``
+Every store call is a request to a store process (run/requests.py, run/storelink.py) answered
+later through the loop: one claim per pool is in flight at a time; its reply fills the buffer
+and hands out at once. An idle pool arms its claim in the store process, which runs it when a
+wake-up (a NOTIFY, a datagram on SQLite) names the pool (``ArmedClaim``; ``Fire``, ``Retime``
+and ``Disarm`` adjust it).
+
+Claims pass the pool's fleet-wide caps, its order between tenants (``ClaimLimits``: fair share
+and weights) and its retry budget to the store, which enforces them for every host at once. A
+pool with rate limits claims through ``claim_rated``
 (supervisor/store/rated.py), which spends its token buckets and says when the next token is
 due (``Pool.rate_gate``), so a rate-held backlog costs no polling. A retry of a job this node
 failed brings the pool's poll forward to when it becomes due (so retries keep their backoff
@@ -38,14 +40,16 @@ from supervisor.plans import Room, claim_plan, may_claim
 from supervisor.policy import KillKind, KillReason, poll_delay
 from supervisor.run.counters import Counters
 from supervisor.run.leases import Buffered, LeaseKeeper
+from supervisor.run.link import Link, Reply
 from supervisor.run.outbox import Outbox, StoreHealth
+from supervisor.run.outcomes import JobOutcomes
+from supervisor.run.outcomes import retry_budget as _budget
 from supervisor.run.pool import Pool
-from supervisor.run.results import Results
-from supervisor.run.results import retry_budget as _budget
+from supervisor.run.requests import ArmedClaim, ClaimRated, ClaimRows, Disarm, Fire, Retime
 from supervisor.run.storecalls import claimed_job
-from supervisor.run.storelink import ARMED_CLAIM, DISARM, FIRE, RETIME, Reply
 from supervisor.run.workerproc import InFlight, WorkerHandle, WorkerState
 from supervisor.sendplan import UNSENDABLE, behind_long_job, send_plan, send_room
+from supervisor.store.claim import ClaimRequest
 from supervisor.store.rated import RatedRows
 from workers import protocol
 
@@ -53,7 +57,7 @@ from workers import protocol
 class Dispatcher:
     def __init__(
         self,
-        link: Any,
+        link: Link,
         pools: dict[str, Pool],
         node_id: str,
         clock: Clock,
@@ -83,10 +87,10 @@ class Dispatcher:
         self.woken: set[str] = set()  # pools woken while their claim was in flight
         self.armed: set[str] = set()  # pools whose claim waits in the store for a wake-up
         self.draining = False  # nothing more is handed out; late claims go back at once
-        self.results = Results(pools, self.outbox, clock, counters, self.rng, self._ready)
+        self.outcomes = JobOutcomes(pools, self.outbox, clock, counters, self.rng, self._ready)
         # a worker's frames and its exit (bound once: each frame of each job comes here)
-        self.on_message = self.results.on_message
-        self.on_exit = self.results.on_exit
+        self.on_message = self.outcomes.on_message
+        self.on_exit = self.outcomes.on_exit
         # the leases' (run/leases.py), as the loop asks for them (changed in place only)
         self.heartbeat = self.leases.heartbeat
         self.expire_unheld = self.leases.expire_unheld
@@ -117,7 +121,7 @@ class Dispatcher:
         pool.empty_claims = 0
         pool.next_poll_at = 0.0
         if pool.name in self.armed:  # the wake-up reached the loop, not the store process
-            self.link.submit(FIRE, pool.name, on_reply=lambda reply: None)
+            self.link.submit(Fire(pool.name), on_reply=lambda reply: None)
         if pool.name in self.claiming:  # it may have missed them: claim again after it
             self.woken.add(pool.name)
 
@@ -129,7 +133,7 @@ class Dispatcher:
         pool.next_poll_at = min(pool.next_poll_at, at)
         if name in self.armed:
             wait = max(0.0, at - self.clock.monotonic())
-            self.link.submit(RETIME, name, wait, on_reply=lambda reply: None)
+            self.link.submit(Retime(name, wait), on_reply=lambda reply: None)
 
     def claim(self, pool: Pool, now: float) -> None:
         """Claim for this pool's free room plus ``prefetch`` when ``plans.claim_plan`` says so
@@ -165,7 +169,7 @@ class Dispatcher:
             store_retry_at=self.health.retry_at,
             next_poll_at=pool.next_poll_at,
             empty_claims=pool.empty_claims,
-            arms_claims=getattr(self.link, "arms_claims", False),
+            arms_claims=self.link.arms_claims,
             capped=pool.name in self.capped,
             rated=pool.rate is not None,
             draining=self.draining,
@@ -178,39 +182,32 @@ class Dispatcher:
             heapq.heappop(due)
         c = pool.config
         limits = pool.limits
-        claim = {
-            "pool": pool.name,
-            "kinds": pool.claimable,  # its kinds but the paused ones (run/controls.py)
-            "n": want,
-            "node": self.node_id,
-            "lease": c.lease,
-            "limits": limits if limits.capped or limits.fair else None,
-            "budget": _budget(c.retry_budget),
-        }
-        self.claiming.add(pool.name)
+        ordered = limits.capped or limits.fair
+        kinds = pool.claimable  # its kinds but the paused ones (run/controls.py)
         if pool.rate is not None:  # the store spends its tokens; kinds without one wait
-            pool.rate_asked = pool.rate_kinds(now)
-            claim.update(kinds=pool.rate_asked, rate=pool.rate)
-            self.link.submit(
-                "claim_rated", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
-            )
-            return
-        if arm:
+            pool.rate_asked = kinds = pool.rate_kinds(now)
+        claim = ClaimRequest(
+            pool.name,
+            kinds,
+            want,
+            self.node_id,
+            c.lease,
+            limits if ordered else None,
+            _budget(c.retry_budget),
+            # this node's results not sent yet, which the fair order leaves out (rated claims
+            # too); not an armed claim's: those results may be written before it runs
+            (self.outbox.finished(pool.name) or None) if ordered and not arm else None,
+        )
+        self.claiming.add(pool.name)
+        if pool.rate is not None:
+            request: ClaimRated | ArmedClaim | ClaimRows = ClaimRated(claim, pool.rate)
+        elif arm:
             self.armed.add(pool.name)
             wait = min(pool.next_poll_at, due[0] if due else math.inf) - now
-            self.link.submit(
-                ARMED_CLAIM,
-                pool.name,
-                max(0.0, wait),
-                on_reply=lambda reply: self._claimed(pool, want, reply),
-                **claim,
-            )
-            return
-        if limits.capped or limits.fair:  # not armed: the results may be written meanwhile
-            claim["finished"] = self.outbox.finished(pool.name) or None
-        self.link.submit(
-            "claim_rows", on_reply=lambda reply: self._claimed(pool, want, reply), **claim
-        )
+            request = ArmedClaim(claim, max(0.0, wait))
+        else:
+            request = ClaimRows(claim)
+        self.link.submit(request, on_reply=lambda reply: self._claimed(pool, want, reply))
 
     def _claimed(self, pool: Pool, want: int, reply: Reply) -> None:
         self.claiming.discard(pool.name)
@@ -314,7 +311,7 @@ class Dispatcher:
             if target == UNSENDABLE:
                 never = InFlight(item.claimed, now, now, item.lease_expires, item.extensions)
                 msg = f"cannot be sent: {frame}"
-                self.results.fail(pool, never, ErrorKind.PERMANENT, msg, None, 0.0)
+                self.outcomes.fail(pool, never, ErrorKind.PERMANENT, msg, None, 0.0)
                 continue
             sends.setdefault(target, []).append((item, frame))
         for index, items in sends.items():
@@ -371,7 +368,7 @@ class Dispatcher:
         """Have every armed claim run now (a drain, an emergency stop): their replies come
         at once, and what they took is released, instead of up to a poll interval later."""
         if self.armed:
-            self.link.submit(DISARM, on_reply=lambda reply: None)
+            self.link.submit(Disarm(), on_reply=lambda reply: None)
 
     def running_leases(self) -> Iterator[Lease]:
         """The leases of every job sent to a worker (running or queued behind)."""

@@ -1,6 +1,6 @@
 """``Hooks``: the test seams of the supervisor, passed in (``Fleet``'s parts), never read from
 the environment. Production runs with ``NO_HOOKS``, where each costs one comparison: the loop
-fault once a pass, the kill's at a kill.
+fault once a pass, the kill's at a kill, the store's once when a store process opens it.
 
 The tests start a supervisor with hooks through tests/support/hooked_start.py, a test-only entry
 that calls ``boot.run`` with the hooks its arguments name.
@@ -8,10 +8,14 @@ that calls ``boot.run`` with the hooks its arguments name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from supervisor.policy import KillKind
+
+if TYPE_CHECKING:
+    from supervisor.store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +26,10 @@ class Hooks:
     # kills of these kinds are booked but their SIGKILL is not sent: a kill that does not work
     # (a process in D state), so the worker's own alarm or the health check must catch it
     no_kill: frozenset[KillKind] = frozenset()
+    # what the store processes run requests against, made of the store each opens (forked
+    # with them): a verb made to fail, to show that a bug reaches the loop's guard and an
+    # outage backs off (tests/integration/test_store_bugs.py)
+    wrap_store: Callable[[Store], Store] | None = None
 
     def check_loop_fault(self, leases_in_workers: Iterable[object]) -> None:
         """Raise the injected loop fault once it is due (the loop asks only when it is set)."""

@@ -12,14 +12,14 @@ One call of each in flight at a time. Owned by the main thread.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.model import ErrorKind
 from supervisor.observe.logs import job_event
 from supervisor.run.counters import Counters
+from supervisor.run.link import Link, Reply
 from supervisor.run.outbox import StoreHealth
-from supervisor.run.storelink import Reply
+from supervisor.run.requests import Prune, Reap
 
 log = logging.getLogger("fleetd.dispatch")
 EXPIRED_READ = 100  # rows read per reaper pass to log (and count) expired leases one by one
@@ -27,7 +27,7 @@ PRUNE_EVERY = 60.0  # seconds between prunes of done jobs past the retention
 
 
 class Housekeeping:
-    def __init__(self, chores: Any, clock: Clock, counters: Counters, health: StoreHealth):
+    def __init__(self, chores: Link, clock: Clock, counters: Counters, health: StoreHealth):
         self.chores = chores
         self.clock = clock
         self.counters = counters
@@ -42,7 +42,7 @@ class Housekeeping:
             return
         self.reaping = True
         self.next_reap = now + interval
-        self.chores.submit("reap_described", EXPIRED_READ, on_reply=self._reaped)
+        self.chores.submit(Reap(EXPIRED_READ), on_reply=self._reaped)
 
     def _reaped(self, reply: Reply) -> None:
         self.reaping = False
@@ -96,7 +96,7 @@ class Housekeeping:
             return
         self.pruning = True
         self.next_prune = now + PRUNE_EVERY
-        self.chores.submit("prune", older_than=retention, on_reply=self._pruned)
+        self.chores.submit(Prune(retention), on_reply=self._pruned)
 
     def _pruned(self, reply: Reply) -> None:
         self.pruning = False

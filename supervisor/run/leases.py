@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.model import Claimed, Lease
 from supervisor.policy import KillKind, KillReason
 from supervisor.run.counters import Counters
+from supervisor.run.link import Link, Reply
 from supervisor.run.outbox import StoreHealth
 from supervisor.run.pool import Pool
-from supervisor.run.storelink import Reply
+from supervisor.run.requests import Extend
 
 
 @dataclass(slots=True)
@@ -38,7 +38,7 @@ class Buffered:
 class LeaseKeeper:
     def __init__(
         self,
-        link: Any,
+        link: Link,
         pools: dict[str, Pool],
         buffer: dict[str, deque[Buffered]],
         clock: Clock,
@@ -85,9 +85,7 @@ class LeaseKeeper:
         self.extending.add(pool.name)
         sent = set(leases)
         self.link.submit(
-            "extend",
-            leases,
-            lease=c.lease,
+            Extend(leases, c.lease),
             on_reply=lambda reply: self._extended(pool, sent, now + c.heartbeat, reply),
         )
 

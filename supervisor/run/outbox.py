@@ -18,14 +18,13 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from supervisor.errors import StoreUnavailable
 from supervisor.model import Ack, Claimed, ErrorKind, FailOutcome, Failure, Lease
 from supervisor.observe.logs import LOGGED_MESSAGE, job_event
 from supervisor.run.counters import Counters
+from supervisor.run.link import Link, Reply, StoreBug
+from supervisor.run.requests import WriteResults
 from supervisor.run.storecalls import AckRow, Results, Written, ack_of
-from supervisor.run.storelink import Reply
 from supervisor.storable import storable_message
 
 log = logging.getLogger("fleetd.dispatch")
@@ -38,13 +37,18 @@ REFUSED = "fleetd: "  # starts a failure message fleetd wrote in place of a refu
 
 @dataclass
 class StoreHealth:
-    """Consecutive failed calls and the backoff they impose (100 ms doubling to 5 s)."""
+    """Consecutive failed calls and the backoff they impose (100 ms doubling to 5 s). A
+    StoreBug is no outage: the link raises it into the loop's guard once its caller has put
+    back what it had in flight (supervisor/run/link.py), so it is neither counted nor waited
+    for here."""
 
     counters: Counters
     failures: int = 0
     retry_at: float = 0.0  # no call before this (monotonic)
 
     def failed(self, now: float, what: str, exc: Exception) -> None:
+        if isinstance(exc, StoreBug):
+            return
         self.counters.store_errors += 1
         self.failures += 1
         backoff = min(5.0, 0.1 * 2 ** min(self.failures - 1, 10))
@@ -68,7 +72,7 @@ class StoreHealth:
 class Outbox:
     def __init__(
         self,
-        link: Any,
+        link: Link,
         capped: set[str],
         counters: Counters,
         health: StoreHealth,
@@ -137,18 +141,14 @@ class Outbox:
         # sent: a claim sent after this runs after it. A batch that fails comes back to todo
         # uncounted; until it is written, the fair order counts those jobs as running
         self.finishing.clear()
-        self.link.submit("write_results", todo, on_reply=self._written)
+        self.link.submit(WriteResults(todo), on_reply=self._written)
 
     def _written(self, reply: Reply) -> None:
         batch, self.writing = self.writing, None
         assert batch is not None
         now = self.monotonic()
         if reply.error is not None:  # the call itself failed
-            self.todo.extend_front(batch)  # kept for the emergency stop, or the retry
-            if not isinstance(reply.error, StoreUnavailable):
-                # not the database being away: a bug. The loop's error policy stops the
-                # supervisor and releases every lease; retrying would loop on it forever
-                raise reply.error
+            self.todo.extend_front(batch)  # kept for the retry, or the emergency stop
             self.health.failed(now, "write results", reply.error)
             return
         out: Written = reply.value

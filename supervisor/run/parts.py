@@ -29,13 +29,13 @@ from supervisor.run.drain import Drain
 from supervisor.run.forklink import ForkLink
 from supervisor.run.hooks import Hooks
 from supervisor.run.housekeeping import Housekeeping
+from supervisor.run.link import Link
 from supervisor.run.loop import Loop
 from supervisor.run.memcg import MemoryCgroups
 from supervisor.run.pinger import Pinger
 from supervisor.run.pool import Pool
 from supervisor.run.scaler import Scaler
 from supervisor.run.scheduler import Scheduler
-from supervisor.run.storelink import InlineLink, ProcessLink
 from supervisor.run.storeprocs import StoreProcesses
 from supervisor.run.workerproc import WorkerHandle
 from supervisor.store import Store
@@ -51,8 +51,8 @@ class Parts:
     node_id: str
     pid: int
     hooks: Hooks
-    link: InlineLink | ProcessLink  # the jobs' store calls (claims, extends, results)
-    chores: InlineLink | ProcessLink  # what may take long (reaper, prune, figures, node row)
+    link: Link  # the jobs' store calls (claims, extends, results)
+    chores: Link  # what may take long (reaper, prune, figures, node row)
     processes: StoreProcesses  # the links that are processes of ours
     loop_wakes: bool  # the loop binds SQLite's wake-up socket itself (no store process)
     pools: dict[str, Pool]

@@ -1,5 +1,5 @@
 """``Publisher``: what leaves the fleet for those who watch it. Every second the node row
-(``node_heartbeat``, with the snapshot as JSON) and a read of the queue's figures
+(``NodeHeartbeat``, with the snapshot as JSON) and a read of the queue's figures
 (``Observer``); the metrics and health endpoint (``observe.server``, served by the loop, no
 thread) answers from the last snapshot; the pinger's pings to idle workers. Owned by the main
 thread.
@@ -11,8 +11,9 @@ import logging
 
 from supervisor.errors import FleetdError
 from supervisor.observe.server import MetricsServer
+from supervisor.run.link import Reply
 from supervisor.run.parts import Parts
-from supervisor.run.storelink import Reply
+from supervisor.run.requests import NodeHeartbeat
 
 log = logging.getLogger("fleetd.supervisor")
 
@@ -59,13 +60,7 @@ class Publisher:
             return  # the last one is not answered yet (a stalled store): the next will say it
         self.heartbeat_in_flight = True
         state = "draining" if p.drain.active else "running"
-        p.chores.submit(
-            "node_heartbeat",
-            p.node_id,
-            state=state,
-            snapshot=snapshot,
-            on_reply=self.heartbeat_written,
-        )
+        p.chores.submit(NodeHeartbeat(p.node_id, state, snapshot), on_reply=self.heartbeat_written)
 
     def heartbeat_written(self, reply: Reply) -> None:
         self.heartbeat_in_flight = False

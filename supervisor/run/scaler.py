@@ -11,7 +11,7 @@ The arrival rate is measured, not assumed: completions per second over the windo
 backlog's growth per second since the last evaluation (what arrived either finished or is
 still waiting). Until the pool has finished a job there is no service time: the scaler then
 adds one worker at a time while work is waiting. All decisions are in ``supervisor.policy``;
-this module gathers the figures (one request to the store process, ``scaler_read``; the
+this module gathers the figures (one request to the store process, ``ScalerRead``; the
 evaluation runs when it answers) and applies the result. Owned by the main thread.
 """
 
@@ -22,7 +22,6 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from supervisor.model import PoolHistory, PoolStats
 from supervisor.policy import (
@@ -36,7 +35,9 @@ from supervisor.policy import (
     next_target,
     saturated,
 )
+from supervisor.run.link import Link, Reply
 from supervisor.run.pool import Pool
+from supervisor.run.requests import ScalerRead
 
 log = logging.getLogger("fleetd.scaler")
 
@@ -65,7 +66,7 @@ class PoolScaling:
 class Scaler:
     def __init__(
         self,
-        link: Any,
+        link: Link,
         pools: Mapping[str, Pool],
         *,
         cores: int,
@@ -94,13 +95,11 @@ class Scaler:
         self.next_eval = now + self.interval
         self.reading = True
         self.link.submit(
-            "scaler_read",
-            list(self.pools),
-            self.window,
+            ScalerRead(list(self.pools), self.window),
             on_reply=lambda reply: self._evaluate(reply, now),
         )
 
-    def _evaluate(self, reply: Any, now: float) -> None:
+    def _evaluate(self, reply: Reply, now: float) -> None:
         self.reading = False
         if self.frozen:
             return

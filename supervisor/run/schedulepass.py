@@ -1,5 +1,5 @@
-"""One pass over the schedules, as the store process runs it (a procedure of
-supervisor/run/storecalls.py, sent on the chores link by ``run/scheduler.py``).
+"""One pass over the schedules, as the store process runs it (``SchedulePass`` of
+supervisor/run/requests.py, sent on the chores link by ``run/scheduler.py``).
 
     read the rows (register those seen for the first time: they start now)
       └─ per schedule: the row's timing is not this config's: retime (start afresh now) or
@@ -34,12 +34,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from supervisor import schedules
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import ScheduleAdvance, ScheduleState
 from supervisor.schedules import ScheduleSpec, TickPlan
+
+if TYPE_CHECKING:
+    from supervisor.store import Store
 
 RETRIES = 3
 
@@ -87,7 +90,7 @@ class PassReport:
 
 
 def schedule_pass(
-    store: Any, specs: Sequence[ScheduleSpec], passes: Passes | None = None
+    store: Store, specs: Sequence[ScheduleSpec], passes: Passes | None = None
 ) -> PassReport:
     """One pass over ``specs``, given this supervisor's earlier ``passes``."""
     names = [s.name for s in specs]
@@ -112,7 +115,7 @@ def schedule_pass(
     return PassReport(read.now, outcomes, states, passes.started)
 
 
-def _register(store: Any, timings: dict[str, str]) -> dict[str, str]:
+def _register(store: Store, timings: dict[str, str]) -> dict[str, str]:
     """Rows for ``timings``; those the database refuses, with why (each other one is made)."""
     try:
         store.register_schedules(timings)
@@ -133,7 +136,7 @@ def _register(store: Any, timings: dict[str, str]) -> dict[str, str]:
 
 
 def _isolated(
-    store: Any, spec: ScheduleSpec, state: ScheduleState, now: float, passes: Passes
+    store: Store, spec: ScheduleSpec, state: ScheduleState, now: float, passes: Passes
 ) -> ScheduleOutcome:
     """``_decide``, with a write the database refuses kept to this schedule's outcome."""
     try:
@@ -151,7 +154,7 @@ def _refused(spec: ScheduleSpec, why: str, now: float) -> ScheduleOutcome:
 
 
 def _decide(
-    store: Any, spec: ScheduleSpec, state: ScheduleState, now: float, passes: Passes
+    store: Store, spec: ScheduleSpec, state: ScheduleState, now: float, passes: Passes
 ) -> ScheduleOutcome:
     plan, retimed = TickPlan(), None
     mine = spec.timing.fingerprint()
@@ -189,7 +192,7 @@ def _newer(state: ScheduleState, mine: str) -> str:
     )
 
 
-def _note_success(store: Any, state: ScheduleState) -> None:
+def _note_success(store: Store, state: ScheduleState) -> None:
     """Keep the row's last success as late as any recent tick's: a done job is pruned after
     the retention, and its tick leaves the recent ones after ``TICKS_KEPT`` more."""
     latest = state.latest_success()

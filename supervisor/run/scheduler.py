@@ -1,4 +1,4 @@
-"""``Scheduler``: the loop's side of schedules. It asks for a pass (``schedule_pass``,
+"""``Scheduler``: the loop's side of schedules. It asks for a pass (``SchedulePass``,
 supervisor/run/schedulepass.py) on the chores link when the next tick is due, one pass in
 flight at a time, and keeps what the last pass said for the snapshot, metrics and logs.
 
@@ -30,15 +30,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from supervisor.clock import Clock
 from supervisor.errors import StoreUnavailable
 from supervisor.model import iso
 from supervisor.observe.snapshot import ScheduleView
+from supervisor.run.link import Link, Reply
 from supervisor.run.outbox import StoreHealth
+from supervisor.run.requests import SchedulePass
 from supervisor.run.schedulepass import Passes, PassReport, ScheduleOutcome
-from supervisor.run.storelink import Reply
 from supervisor.schedules import ScheduleSpec, lateness
 
 log = logging.getLogger("fleetd.schedules")
@@ -52,7 +52,7 @@ OUTCOMES = ("on_time", "late", "missed", "skipped")
 
 class Scheduler:
     def __init__(
-        self, chores: Any, specs: Sequence[ScheduleSpec], clock: Clock, health: StoreHealth
+        self, chores: Link, specs: Sequence[ScheduleSpec], clock: Clock, health: StoreHealth
     ) -> None:
         self.chores = chores
         self.specs = tuple(specs)
@@ -78,7 +78,7 @@ class Scheduler:
         self.passing = True
         report = self.report  # the previous pass's, and the first one's now
         passes = Passes(report.now, report.started) if report is not None else Passes()
-        self.chores.submit("schedule_pass", self.specs, passes, on_reply=self._passed)
+        self.chores.submit(SchedulePass(self.specs, passes), on_reply=self._passed)
 
     def due_at(self) -> float | None:
         """When the loop must wake for the next pass (None: none is waited for)."""

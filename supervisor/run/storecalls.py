@@ -1,5 +1,6 @@
-"""The calls the loop sends to its store process (supervisor/run/storelink.py): plain store
-verbs, and a few made of several verbs so that one request does one step of the loop's work.
+"""What the store process runs for the requests made of several verbs (supervisor/run/
+requests.py), so that one request does one step of the loop's work: the results' write, narrowed
+to a row, and the reaper's pass with the rows it logs.
 
 They run in the store process (or inline, in tests); arguments and results cross a socket
 pickled. What crosses once per job is a plain tuple (``ClaimRow``, ``AckRow``): pickling a
@@ -14,27 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.model import Ack, Claimed, FailOutcome, Failure, Job, Lease, ReapOutcome
 from supervisor.store.rows import ClaimRow
 
+if TYPE_CHECKING:
+    from supervisor.store import Store
+
 T = TypeVar("T")
 R = TypeVar("R")
 
-# verbs a link may call by name, as they are
-VERBS = frozenset(
-    {"claim", "claim_rows", "claim_rated", "extend", "prune", "node_heartbeat", "get", "controls"}
-)
-
 # a result on the wire: (pool, job id, lease token, result JSON, peak RSS, duration)
 AckRow = tuple[str, int, str, str, int | None, float | None]
-
-
-def claim_rows_none(store: Any) -> list[ClaimRow]:
-    """Nothing (the answer to a DISARM, after the armed claims it ran)."""
-    return []
 
 
 def claimed_job(row: ClaimRow) -> Claimed:
@@ -43,12 +37,6 @@ def claimed_job(row: ClaimRow) -> Claimed:
 
 def ack_of(row: AckRow) -> Ack:
     return Ack(Lease(row[1], row[2]), row[3], row[4], row[5])
-
-
-def run(store: Any, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if call in VERBS:
-        return getattr(store, call)(*args, **kwargs)
-    return PROCEDURES[call](store, *args, **kwargs)
 
 
 # ---- results: acks, failures and releases in one request -------------------------------------
@@ -108,7 +96,7 @@ class Written:
         )
 
 
-def write_results(store: Any, todo: Results) -> Written:
+def write_results(store: Store, todo: Results) -> Written:
     out = Written()
     left = Results(list(todo.acks), list(todo.fails), list(todo.releases))
     try:
@@ -120,7 +108,7 @@ def write_results(store: Any, todo: Results) -> Written:
     return out
 
 
-def _acks(store: Any, acks: list[AckRow], out: Written) -> None:
+def _acks(store: Store, acks: list[AckRow], out: Written) -> None:
     _narrowed(
         acks,
         lambda rows: store.ack([ack_of(r) for r in rows]),
@@ -129,7 +117,7 @@ def _acks(store: Any, acks: list[AckRow], out: Written) -> None:
     )
 
 
-def _fails(store: Any, fails: list[tuple[str, Failure]], out: Written) -> None:
+def _fails(store: Store, fails: list[tuple[str, Failure]], out: Written) -> None:
     _narrowed(
         fails,
         lambda some: store.fail([f for _, f in some]),
@@ -138,7 +126,7 @@ def _fails(store: Any, fails: list[tuple[str, Failure]], out: Written) -> None:
     )
 
 
-def _releases(store: Any, releases: list[Lease], out: Written) -> None:
+def _releases(store: Store, releases: list[Lease], out: Written) -> None:
     _narrowed(
         releases,
         store.release,
@@ -181,39 +169,10 @@ def _narrowed(
 # ---- reads and housekeeping ------------------------------------------------------------------
 
 
-def reap_described(store: Any, read_at_most: int) -> tuple[ReapOutcome, list[Job]]:
+def reap_described(store: Store, read_at_most: int) -> tuple[ReapOutcome, list[Job]]:
     """Expired leases back to the queue, and the rows of the first ``read_at_most`` of them
     (for one log line per job)."""
     out = store.reap()
     ids = [*out.dead, *out.cancelled, *out.requeued][:read_at_most]
     rows = [store.get(i) for i in ids]
     return out, [r for r in rows if r is not None]
-
-
-def schedule_pass(store: Any, specs: Any, passes: Any = None) -> Any:
-    """One pass over the schedules (supervisor/run/schedulepass.py: read, plan, advance)."""
-    from supervisor.run import schedulepass
-
-    return schedulepass.schedule_pass(store, specs, passes)
-
-
-def observer_read(store: Any, pools: list[str], after_id: int | None) -> tuple[Any, Any]:
-    """The status figures: per-pool stats and enqueues since ``after_id``."""
-    return store.stats(pools), store.arrivals(after_id=after_id)
-
-
-def scaler_read(store: Any, pools: list[str], window: float) -> tuple[Any, Any, Any]:
-    """What the scaler decides from: stats, each pool's history, the live nodes."""
-    stats = store.stats(pools)
-    history = {name: store.history(name, window=window) for name in pools}
-    return stats, history, store.list_nodes()
-
-
-PROCEDURES = {
-    "claim_rows_none": claim_rows_none,
-    "write_results": write_results,
-    "reap_described": reap_described,
-    "observer_read": observer_read,
-    "scaler_read": scaler_read,
-    "schedule_pass": schedule_pass,
-}

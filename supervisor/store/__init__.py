@@ -35,6 +35,7 @@ from supervisor.model import (
 
 if TYPE_CHECKING:
     from supervisor.rates import RateLimit
+    from supervisor.store.claim import ClaimRequest
     from supervisor.store.rated import RatedRows
     from supervisor.store.rows import ClaimRow
 
@@ -61,30 +62,8 @@ class Store(Protocol):
         budget: RetryBudget | None = None,
         finished: Mapping[str, int] | None = None,
     ) -> list[Claimed]: ...
-    def claim_rows(
-        self,
-        *,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
-        limits: ClaimLimits | None = None,
-        budget: RetryBudget | None = None,
-        finished: Mapping[str, int] | None = None,
-    ) -> list[ClaimRow]: ...
-    def claim_rated(
-        self,
-        *,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
-        rate: RateLimit,
-        limits: ClaimLimits | None = None,
-        budget: RetryBudget | None = None,
-    ) -> RatedRows: ...
+    def claim_rows(self, claim: ClaimRequest) -> list[ClaimRow]: ...
+    def claim_rated(self, claim: ClaimRequest, rate: RateLimit) -> RatedRows: ...
     def rate_levels(self, pool: str) -> dict[str, tuple[float, float]]: ...
     def extend(self, leases: Sequence[Lease], *, lease: float) -> list[Lease]: ...
     def ack(self, acks: Sequence[Ack]) -> list[Lease]: ...

@@ -15,7 +15,6 @@ plain claim does (what it takes from ``SqlStore`` is declared at the top of the 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -23,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, and_, bindparam, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from supervisor.model import ClaimLimits, JobState, RetryBudget
+from supervisor.model import ClaimLimits, JobState
 from supervisor.store import fair
 from supervisor.store.budget import Budgets
+from supervisor.store.claim import ClaimRequest
 from supervisor.store.rated import with_kind_tokens
 from supervisor.store.rows import CLAIMED_COLUMNS, ClaimRow, claim_row
 from supervisor.store.schema import jobs
@@ -48,47 +48,31 @@ class CappedClaims:
         def _mostly_true(self, condition: ColumnElement[bool]) -> ColumnElement[bool]: ...
         def _lease_values(self) -> dict[str, Any]: ...
 
-    def _claim_capped(
-        self,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
-        limits: ClaimLimits,
-        budget: RetryBudget | None,
-        finished: Mapping[str, int] | None = None,
-    ) -> list[ClaimRow]:
+    def _claim_capped(self, claim: ClaimRequest, limits: ClaimLimits) -> list[ClaimRow]:
         """Count, choose and lease in one transaction, serialised per pool (fair.py).
-        ``finished``: this node's ended jobs not yet written, left out of the fair order."""
+        ``limits``: the claim's (capped, or a fair pool's with more than one tenant queued)."""
         with self._tx() as conn:
-            self._lock_claims(conn, pool)
-            return self._capped_in(
-                conn, pool, kinds, n, node, lease, limits, budget, finished=finished
-            )
+            self._lock_claims(conn, claim.pool)
+            return self._capped_in(conn, claim, limits)
 
     def _capped_in(
         self,
         conn: Connection,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
+        claim: ClaimRequest,
         limits: ClaimLimits,
-        budget: RetryBudget | None,
         kind_tokens: dict[str, int] | None = None,
-        finished: Mapping[str, int] | None = None,
     ) -> list[ClaimRow]:
         """The capped claim inside a transaction that holds the pool's claim lock.
         ``kind_tokens``: rate-limited kinds' tokens (supervisor/store/rated.py), each kind
-        then capped at its leased jobs plus its tokens. ``finished``: as ``claim``'s."""
+        then capped at its leased jobs plus its tokens. ``claim.finished``: this node's ended
+        jobs not yet written, left out of the fair order (fair.Running.finished)."""
+        pool, n = claim.pool, claim.n
         leased = conn.execute(self._leased_stmt, {"c_pool": pool})
-        running = fair.Running.of(leased, finished)
+        running = fair.Running.of(leased, claim.finished)
         if kind_tokens:
             limits = with_kind_tokens(limits, running.kinds, kind_tokens)
         room = running.room(limits, n)
-        open_kinds = running.open_kinds(limits, kinds)
+        open_kinds = running.open_kinds(limits, claim.kinds)
         if room <= 0 or not open_kinds:
             return []
         # heads first when the last window had tenants enough to fill the room with them
@@ -103,11 +87,11 @@ class CappedClaims:
         if not taken:
             return []
         chosen = [c.id for c in taken]
-        params = {"c_ids": chosen, "c_node": node, "c_lease": lease}
+        params = {"c_ids": chosen, "c_node": claim.node, "c_lease": claim.lease}
         rows = {r.id: r for r in self._exec(conn, self._take_stmt, params)}
-        if budget is not None and rows:
+        if claim.budget is not None and rows:
             at = next(iter(rows.values())).started_at
-            self._budgets.count_deliveries(conn, pool, budget, len(rows), at)
+            self._budgets.count_deliveries(conn, pool, claim.budget, len(rows), at)
         return [claim_row(rows[i]) for i in chosen if i in rows]
 
     def _window(

@@ -34,9 +34,10 @@ from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from supervisor import rates
-from supervisor.model import ClaimLimits, JobState, RetryBudget
+from supervisor.model import ClaimLimits, JobState
 from supervisor.store import driver
 from supervisor.store.budget import Budgets
+from supervisor.store.claim import ClaimRequest
 from supervisor.store.rows import CLAIMED_AT, ClaimRow, claim_order, claim_row
 from supervisor.store.schema import jobs, rate_buckets
 
@@ -76,31 +77,16 @@ class RatedClaims:
         def _capped_in(
             self,
             conn: Connection,
-            pool: str,
-            kinds: Collection[str],
-            n: int,
-            node: str,
-            lease: float,
+            claim: ClaimRequest,
             limits: ClaimLimits,
-            budget: RetryBudget | None,
             kind_tokens: dict[str, int] | None = None,
         ) -> list[ClaimRow]: ...
 
-    def claim_rated(
-        self,
-        *,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
-        rate: rates.RateLimit,
-        limits: ClaimLimits | None = None,
-        budget: RetryBudget | None = None,
-    ) -> RatedRows:
-        """``claim``, spending the pool's fleet-wide rate-limit tokens: at most as many jobs
-        as the pool's bucket holds whole tokens, and of a limited kind at most its bucket's.
-        Jobs the rate holds back stay queued, untouched (no delivery counted)."""
+    def claim_rated(self, claim: ClaimRequest, rate: rates.RateLimit) -> RatedRows:
+        """``claim_rows``, spending the pool's fleet-wide rate-limit tokens: at most as many
+        jobs as the pool's bucket holds whole tokens, and of a limited kind at most its
+        bucket's. Jobs the rate holds back stay queued, untouched (no delivery counted)."""
+        pool, kinds, n = claim.pool, claim.kinds, claim.n
         if n <= 0 or not kinds:
             return RatedRows([], None, {}, False)
         buckets = rate.buckets(kinds)
@@ -117,7 +103,7 @@ class RatedClaims:
             }
             allowance = rates.allow(rate, levels, n, kinds)
             with self._one_now(now):  # the jobs start at the time the tokens were counted
-                rows = self._rated_rows(conn, pool, allowance, node, lease, limits, budget)
+                rows = self._rated_rows(conn, claim, allowance)
                 ready = self._held_back(conn, pool, kinds, allowance, n, len(rows))
             taken = Counter(r[KIND] for r in rows)
             spent = rates.after(rate, levels, allowance, n, taken, ready)
@@ -126,37 +112,25 @@ class RatedClaims:
         return RatedRows(rows, spent.wait, spent.kind_waits, spent.held)
 
     def _rated_rows(
-        self,
-        conn: Connection,
-        pool: str,
-        allowance: rates.Allowance,
-        node: str,
-        lease: float,
-        limits: ClaimLimits | None,
-        budget: RetryBudget | None,
+        self, conn: Connection, claim: ClaimRequest, allowance: rates.Allowance
     ) -> list[ClaimRow]:
+        """The claim within the tokens: its kinds and size cut to the allowance (its
+        ``finished`` kept: a fair pool's order leaves this node's unwritten results out)."""
         if allowance.n <= 0 or not allowance.kinds:
             return []
-        limits = limits or ClaimLimits()
+        limits = claim.limits or ClaimLimits()
         # rated claims hold the pool's claim lock already, so the fair order costs them no
         # serialisation: a fair pool takes it on every rated claim (the plain statement
         # below would be FIFO whatever the tenants)
+        within = replace(claim, kinds=allowance.kinds, n=allowance.n)
         if limits.capped or allowance.kind_tokens or limits.fair:
-            return self._capped_in(
-                conn,
-                pool,
-                allowance.kinds,
-                allowance.n,
-                node,
-                lease,
-                limits,
-                budget,
-                dict(allowance.kind_tokens),
-            )
-        raw, params = self._plain_claim(pool, allowance.kinds, allowance.n, node, lease)
+            return self._capped_in(conn, within, limits, dict(allowance.kind_tokens))
+        pool = claim.pool
+        raw, params = self._plain_claim(pool, within.kinds, within.n, claim.node, claim.lease)
         rows = driver.fetchall(conn, raw, params)
-        if budget is not None and rows:
-            self._budgets.count_deliveries(conn, pool, budget, len(rows), rows[0][CLAIMED_AT])
+        if claim.budget is not None and rows:
+            at = rows[0][CLAIMED_AT]
+            self._budgets.count_deliveries(conn, pool, claim.budget, len(rows), at)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
 

@@ -1,4 +1,4 @@
-"""A delivery's results (``Results``, a mixin of ``SqlStore``, as ``ControlTable`` is): extend
+"""A delivery's results (``LeaseWrites``, a mixin of ``SqlStore``, as ``ControlTable`` is): extend
 the lease, ack, fail and release.
 
 Each write is guarded by state and lease token in its WHERE clause (``LEASES_MATCH``, or the
@@ -28,7 +28,7 @@ from supervisor.store.schema import jobs
 
 QUEUED, LEASED, DONE, DEAD, CANCELLED = (s.value for s in JobState)
 
-# Which of the given leases are still valid, their rows locked (``Results._owned``)
+# Which of the given leases are still valid, their rows locked (``LeaseWrites._owned``)
 _OWNED_STMT = (
     select(jobs.c.id, jobs.c.lease_token)
     .where(jobs.c.state == LEASED, LEASES_MATCH)
@@ -40,7 +40,7 @@ class _Partial(Exception):
     """Inside the store only: a batched write did not take for every row; roll it back."""
 
 
-class Results:
+class LeaseWrites:
     """Extend, ack, fail and release for ``SqlStore``."""
 
     if TYPE_CHECKING:  # provided by SqlStore

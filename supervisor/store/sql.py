@@ -64,6 +64,7 @@ from supervisor.model import (
 from supervisor.store import driver, fair, migrations
 from supervisor.store.budget import Budgets
 from supervisor.store.capped import CappedClaims
+from supervisor.store.claim import ClaimRequest
 from supervisor.store.controls import ControlTable
 from supervisor.store.deadletters import DeadLetters
 from supervisor.store.enqueue import Enqueues
@@ -71,7 +72,7 @@ from supervisor.store.node_table import NodeTable
 from supervisor.store.rated import RatedClaims
 from supervisor.store.reads import Reads
 from supervisor.store.reaper import Reaper
-from supervisor.store.results import Results
+from supervisor.store.results import LeaseWrites
 from supervisor.store.rows import (
     CLAIMED_AT,
     CLAIMED_COLUMNS,
@@ -90,7 +91,7 @@ QUEUED, LEASED, DONE, DEAD, CANCELLED = (s.value for s in JobState)
 
 class SqlStore(
     Enqueues,
-    Results,
+    LeaseWrites,
     Reaper,
     Reads,
     DeadLetters,
@@ -246,37 +247,20 @@ class SqlStore(
         (``CappedClaims``, supervisor/store/capped.py and fair.py); with ``limits.fair``,
         orders fairly between tenants whenever more than one is queued. ``finished``: per
         tenant, this node's jobs of the pool that ended but whose results are not written
-        yet; the fair order does not count them as running (caps still do)."""
-        rows = self.claim_rows(
-            pool=pool,
-            kinds=kinds,
-            n=n,
-            node=node,
-            lease=lease,
-            limits=limits,
-            budget=budget,
-            finished=finished,
-        )
-        return [as_claimed(r) for r in rows]
+        yet; the fair order does not count them as running (caps still do). The keywords are
+        a ``ClaimRequest``'s fields (supervisor/store/claim.py), built here for tests and
+        tools; the supervisor's loop sends the request itself to ``claim_rows``."""
+        request = ClaimRequest(pool, kinds, n, node, lease, limits, budget, finished)
+        return [as_claimed(r) for r in self.claim_rows(request)]
 
-    def claim_rows(
-        self,
-        *,
-        pool: str,
-        kinds: Collection[str],
-        n: int,
-        node: str,
-        lease: float,
-        limits: ClaimLimits | None = None,
-        budget: RetryBudget | None = None,
-        finished: Mapping[str, int] | None = None,
-    ) -> list[ClaimRow]:
+    def claim_rows(self, claim: ClaimRequest) -> list[ClaimRow]:
         """``claim``, its jobs as ``ClaimRow`` tuples in claim order: what a store process
         sends to its loop, without building objects it would take apart again."""
-        if n <= 0 or not kinds:
+        if claim.n <= 0 or not claim.kinds:
             return []
+        pool, limits = claim.pool, claim.limits
         if limits is not None and limits.capped:
-            return self._claim_capped(pool, kinds, n, node, lease, limits, budget, finished)
+            return self._claim_capped(claim, limits)
         # fair: the plain claim, guarded to take nothing while more than one tenant queues
         # (one index probe each way); then, and only then, the fair claim (fair.py). A pool
         # found mixed goes straight to the fair claim until a fair claim's window holds one
@@ -286,10 +270,14 @@ class SqlStore(
         # claim); a tenant that arrives meanwhile is ordered fairly at most that much later
         by_tenant = limits is not None and limits.fair
         if by_tenant and pool in self._mixed_pools:
-            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
+            assert limits is not None
+            return self._claim_fair(claim, limits)
         at_mono = self._monotonic()
         guarded = by_tenant and not fair.one_tenant_known(self._one_tenant_at.get(pool), at_mono)
-        raw, params = self._plain_claim(pool, kinds, n, node, lease, one_tenant=guarded)
+        raw, params = self._plain_claim(
+            pool, claim.kinds, claim.n, claim.node, claim.lease, one_tenant=guarded
+        )
+        budget = claim.budget
         with self._auto() as conn:
             rows = driver.fetchall(conn, raw, params)
             mixed = guarded and not rows and self._mixed(conn, pool)
@@ -299,15 +287,17 @@ class SqlStore(
         if guarded and rows:
             self._one_tenant_at[pool] = at_mono
         if mixed:
+            assert limits is not None
             self._mixed_pools.add(pool)
-            return self._claim_fair(pool, kinds, n, node, lease, limits, budget, finished)
+            return self._claim_fair(claim, limits)
         rows.sort(key=claim_order)
         return [claim_row(r) for r in rows]
 
-    def _claim_fair(self, pool: str, *args: Any) -> list[ClaimRow]:
+    def _claim_fair(self, claim: ClaimRequest, limits: ClaimLimits) -> list[ClaimRow]:
         """The fair claim of an uncapped pool (capped.py's transaction, no caps to keep)."""
+        pool = claim.pool
         cursor = self._cursors.get(pool)
-        rows = self._claim_capped(pool, *args)
+        rows = self._claim_capped(claim, limits)
         if self._widths.get(pool, 0) <= 1:  # its window saw one tenant queued, or none:
             self._mixed_pools.discard(pool)  # the plain claim's turn, which keeps the cursor
             self._cursors[pool] = cursor

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import load_config
-from supervisor.errors import StoreError, StoreUnavailable
+from supervisor.errors import StoreUnavailable
 from supervisor.imports import import_handlers
 from supervisor.model import JobState, Lease, NewJob, PoolHistory, PoolStats
 from supervisor.policy import Ceiling
@@ -26,9 +26,20 @@ from supervisor.run import stopping
 from supervisor.run.build import build_fleet
 from supervisor.run.drain import DrainPhase
 from supervisor.run.fleet import Fleet
+from supervisor.run.link import StoreBug, deliver, execute
+from supervisor.run.requests import (
+    ArmedClaim,
+    ClaimRated,
+    ClaimRows,
+    Disarm,
+    GetJob,
+    Prune,
+    WriteResults,
+)
 from supervisor.run.storecalls import Results
-from supervisor.run.storelink import ProcessLink, execute
+from supervisor.run.storelink import ProcessLink
 from supervisor.store import open_store
+from supervisor.store.claim import ClaimRequest
 from tests.integration.fleet import handlers, write_config
 from tests.support import infleet
 from tests.support.wait import eventually
@@ -41,19 +52,21 @@ class DeferLink:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.calls: list[tuple[str, tuple, dict, Any]] = []
+        self.calls: list[tuple[Any, Any]] = []
         self.on_wake = lambda pools: None
 
-    def submit(self, call: str, *args: Any, on_reply: Any, **kwargs: Any) -> None:
-        self.calls.append((call, args, kwargs, on_reply))
+    arms_claims = False
+
+    def submit(self, request: Any, on_reply: Any) -> None:
+        self.calls.append((request, on_reply))
 
     def answer(self) -> None:
         while self.calls:
-            call, args, kwargs, on_reply = self.calls.pop(0)
-            on_reply(execute(self.store, call, args, kwargs, time.monotonic))
+            request, on_reply = self.calls.pop(0)
+            deliver(on_reply, execute(self.store, request, time.monotonic))
 
     def names(self) -> list[str]:
-        return [c[0] for c in self.calls]
+        return [type(request).__name__ for request, _ in self.calls]
 
     def waiting_since(self) -> float | None:
         return None
@@ -120,7 +133,7 @@ def test_the_loop_sleeps_while_a_claim_is_answered(made) -> None:
     pool, _ = infleet.one_worker(fleet, short_jobs=False)
     now = fleet.parts.clock.monotonic()
     fleet.parts.dispatcher.claim(pool, now)
-    assert link.names() == ["claim_rows"]
+    assert link.names() == ["ClaimRows"]
     quiet(fleet, now)
     pool.next_poll_at = now - 1  # its poll was due: that is why it claimed
     assert fleet.next_timeout() > 1.0  # the reply wakes the selector; no spinning meanwhile
@@ -134,7 +147,7 @@ def test_the_loop_sleeps_while_an_extend_is_answered(made) -> None:
     fleet.parts.dispatcher.claim(pool, now)
     link.answer()
     fleet.parts.dispatcher.heartbeat(pool, now)
-    assert link.names() == ["extend"]
+    assert link.names() == ["Extend"]
     quiet(fleet, now)
     fleet.parts.dispatcher.next_heartbeat["p"] = now - 1
     assert fleet.next_timeout() > 1.0
@@ -193,7 +206,7 @@ def test_pauses_are_known_at_boot_before_any_claim(made, monkeypatch) -> None:
     store.enqueue_many([job()])
     assert pool.paused
     fleet.dispatch(fleet.parts.clock.monotonic())
-    assert "claim_rows" not in link.names()
+    assert "ClaimRows" not in link.names()
 
 
 def test_the_reaper_reports_a_job_it_cancelled(made, caplog) -> None:
@@ -224,7 +237,7 @@ def test_the_loop_sleeps_while_results_are_written(made) -> None:
     assert select.select([worker.fd], [], [], 5)[0]
     fleet.children.read_worker(worker)  # JobDone: an ack in the outbox
     fleet.parts.dispatcher.flush(fleet.parts.clock.monotonic(), force=True)
-    assert link.names() == ["write_results"]
+    assert link.names() == ["WriteResults"]
     quiet(fleet, now)
     assert fleet.next_timeout() > 1.0
 
@@ -259,7 +272,7 @@ def test_a_scaler_reply_after_the_drain_began_raises_no_target(made) -> None:
     store.enqueue_many([job("sleep", seconds=5)])
     now = fleet.parts.clock.monotonic()
     fleet.parts.scaler.tick(now, draining=False)
-    assert "scaler_read" in link.names()
+    assert "ScalerRead" in link.names()
     fleet.parts.drain.on_signal(now)
     stopping.begin_drain(fleet.parts, now)
     link.answer()
@@ -278,9 +291,9 @@ def test_the_emergency_stop_releases_a_claim_answered_during_it(made) -> None:
     assert found is not None and found.state is JobState.QUEUED and found.attempts == 0, found
 
 
-def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, monkeypatch) -> None:
-    """A bug in the store (not the database being away) is not retried forever: the reply's
-    error is raised in the loop, whose error policy stops the supervisor."""
+def test_a_bug_in_a_store_call_reaches_the_error_policy(made, monkeypatch) -> None:
+    """A bug in a store call (not the database being away) is not retried forever: the link
+    raises it in the loop, whose error policy stops the supervisor; the batch is kept."""
     fleet, _store, link = made()
     d = fleet.parts.dispatcher
     d.outbox.release(Lease(1, "x"))
@@ -289,13 +302,8 @@ def test_a_store_error_that_is_not_unavailable_reaches_the_error_policy(made, mo
         raise RuntimeError("a bug in the store")
 
     monkeypatch.setattr("supervisor.run.storecalls.write_results", broken)
-    monkeypatch.setitem(
-        __import__("supervisor.run.storecalls").run.storecalls.PROCEDURES,
-        "write_results",
-        broken,
-    )
     d.flush(fleet.parts.clock.monotonic(), force=True)
-    with pytest.raises(StoreError, match="a bug in the store"):
+    with pytest.raises(StoreBug, match="a bug in the store"):
         link.answer()
     assert d.pending_writes == 1  # kept for the emergency stop
 
@@ -324,7 +332,7 @@ def test_the_controls_read_backs_off_when_the_store_is_away_and_raises_a_bug(mad
     link.store.controls = broken
     fleet.parts.controls.wake()
     fleet.parts.controls.tick(fleet.parts.clock.monotonic())
-    with pytest.raises(StoreError, match="a bug in the store"):  # the loop's error policy
+    with pytest.raises(StoreBug, match="a bug in the store"):  # the loop's error policy
         link.answer()
     assert health.failures == 0
 
@@ -377,8 +385,8 @@ def test_a_raising_callback_keeps_the_replies_read_with_it(db) -> None:
     def boom(reply: Any) -> None:
         raise RuntimeError("a bug in a reply callback")
 
-    link.submit("prune", older_than=3600.0, on_reply=boom)
-    link.submit("write_results", Results(), on_reply=got.append)
+    link.submit(Prune(3600.0), on_reply=boom)
+    link.submit(WriteResults(Results()), on_reply=got.append)
     replies_in(link, 2)
     with pytest.raises(RuntimeError):
         link.on_readable()
@@ -392,15 +400,13 @@ def test_a_reply_in_the_socket_when_the_store_process_dies_is_handled(db) -> Non
     (jid,) = store.enqueue_many([job()])
     link = started(url)
     replies: list[Any] = []
-    link.submit(
-        "claim", pool="p", kinds=["noop"], n=1, node="n1", lease=30.0, on_reply=replies.append
-    )
+    link.submit(ClaimRows(ClaimRequest("p", ["noop"], 1, "n1", 30.0)), on_reply=replies.append)
     replies_in(link, 1)  # answered, unread
     assert link.pid is not None
     os.kill(link.pid, signal.SIGKILL)  # then the store process dies
     _, status = os.waitpid(link.pid, 0)  # and its exit is reaped before the socket is read
     link.exited(status, time.monotonic())
-    assert replies and replies[0].error is None and [c.job_id for c in replies[0].value] == [jid]
+    assert replies and replies[0].error is None and [row[0] for row in replies[0].value] == [jid]
 
 
 def test_the_loop_sleeps_while_a_drain_waits_for_its_writes(made) -> None:
@@ -420,7 +426,7 @@ def test_the_loop_sleeps_while_a_drain_waits_for_its_writes(made) -> None:
     infleet.wait_exited(worker.pid)
     fleet.children.reap_children(fleet.parts.clock.monotonic())
     fleet.dispatch(fleet.parts.clock.monotonic())  # the release goes out, and is not answered
-    assert link.names() == ["write_results"]
+    assert link.names() == ["WriteResults"]
     quiet(fleet, now)
     fleet.parts.scaler.next_eval = fleet.parts.housekeeping.next_reap = (
         now - 1
@@ -434,7 +440,7 @@ def test_the_loop_sleeps_while_the_scaler_and_the_reaper_wait_for_figures(made) 
     now = fleet.parts.clock.monotonic()
     fleet.parts.scaler.tick(now, draining=False)
     fleet.parts.housekeeping.reap(now, 0.5)
-    assert link.names() == ["scaler_read", "reap_described"]
+    assert link.names() == ["ScalerRead", "Reap"]
     quiet(fleet, now)
     fleet.parts.scaler.next_eval = fleet.parts.housekeeping.next_reap = (
         now - 1
@@ -445,21 +451,19 @@ def test_the_loop_sleeps_while_the_scaler_and_the_reaper_wait_for_figures(made) 
 def test_an_armed_claim_runs_when_a_wake_up_names_its_pool(db_url: str) -> None:
     """A claim armed in the store process waits for a wake-up of its pool (PostgreSQL's
     NOTIFY, SQLite's datagram) or its poll, and runs the moment one comes: the job is
-    claimed without a round trip to the loop. DISARM runs every armed claim at once (a
+    claimed without a round trip to the loop. ``Disarm`` runs every armed claim at once (a
     drain)."""
-    from supervisor.run.storelink import ARMED_CLAIM, DISARM
-
     store = open_store(db_url)
     link = ProcessLink(db_url, title="t", listen=True)
     link.start(lambda: None)
     try:
         # a pool of its own: NOTIFY's channel is database-wide, other tests' pools too
         pool = f"armed-{uuid.uuid4().hex[:8]}"
-        claim = {"pool": pool, "kinds": ["noop"], "n": 1, "node": "n1", "lease": 30.0}
+        claim = ClaimRequest(pool, ["noop"], 1, "n1", 30.0)
         got: list[Any] = []
-        link.submit(ARMED_CLAIM, pool, 30.0, on_reply=got.append, **claim)
+        link.submit(ArmedClaim(claim, 30.0), on_reply=got.append)
         behind: list[Any] = []  # answered in order: once it is, the claim is armed
-        link.submit("claim_rows_none", on_reply=behind.append)
+        link.submit(GetJob(0), on_reply=behind.append)
         while not behind:
             link.wait_idle(0.05)
         assert got == []  # armed, nothing to claim yet
@@ -470,8 +474,8 @@ def test_an_armed_claim_runs_when_a_wake_up_names_its_pool(db_url: str) -> None:
         assert [row[0] for row in got[0].value] == [jid]
 
         late: list[Any] = []
-        link.submit(ARMED_CLAIM, pool, 30.0, on_reply=late.append, **claim)
-        link.submit(DISARM, on_reply=lambda reply: None)
+        link.submit(ArmedClaim(claim, 30.0), on_reply=late.append)
+        link.submit(Disarm(), on_reply=lambda reply: None)
         assert link.wait_idle(5.0) and late[0].value == []
     finally:
         link.close(2.0)
@@ -485,19 +489,17 @@ class ArmLink(DeferLink):
 
     def __init__(self, store: Any) -> None:
         super().__init__(store)
-        self.armed: dict[str, tuple[dict, Any]] = {}
+        self.armed: dict[str, tuple[ArmedClaim, Any]] = {}
 
-    def submit(self, call: str, *args: Any, on_reply: Any, **kwargs: Any) -> None:
-        from supervisor.run.storelink import ARMED_CLAIM
-
-        if call == ARMED_CLAIM:
-            self.armed[args[0]] = (kwargs, on_reply)
+    def submit(self, request: Any, on_reply: Any) -> None:
+        if isinstance(request, ArmedClaim):
+            self.armed[request.claim.pool] = (request, on_reply)
         else:
-            super().submit(call, *args, on_reply=on_reply, **kwargs)
+            super().submit(request, on_reply=on_reply)
 
     def notify(self, pool: str) -> None:
-        kwargs, on_reply = self.armed.pop(pool)
-        on_reply(execute(self.store, "claim_rows", (), kwargs, time.monotonic))
+        request, on_reply = self.armed.pop(pool)
+        deliver(on_reply, execute(self.store, request, time.monotonic))
 
 
 def test_an_armed_claim_answered_after_the_pool_lost_its_workers_hands_its_jobs_back(
@@ -534,10 +536,29 @@ def test_the_loop_sleeps_while_the_controls_are_read(made) -> None:
     infleet.one_worker(fleet, short_jobs=False)
     now = fleet.parts.clock.monotonic()
     fleet.parts.controls.tick(now)  # due at once after boot
-    assert link.names() == ["controls"]
+    assert link.names() == ["ReadControls"]
     quiet(fleet, now)
     fleet.parts.controls.next_read = now - 1
     assert fleet.next_timeout() > 1.0  # its reply wakes the selector
     store.pause("p")
     link.answer()
     assert fleet.parts.pools["p"].paused and not fleet.parts.controls.reading
+
+
+def test_a_rated_fair_pool_s_claim_carries_this_node_s_unwritten_results(made) -> None:
+    """A rate-limited pool orders fairly between tenants on every claim (rated.py): its claim
+    must say which of its leased jobs ended with their results still in the outbox, as a fair
+    pool's plain claim does (the store's half: tests/store/test_rates.py). It said none."""
+    fleet, store, link = made(rate_limit="100/s")
+    pool, worker = infleet.one_worker(fleet, short_jobs=False)
+    store.enqueue_many([NewJob("noop", "p", "{}", 1, tenant="t")])
+    d = fleet.parts.dispatcher
+    d.claim(pool, fleet.parts.clock.monotonic())
+    link.answer()
+    assert select.select([worker.fd], [], [], 5)[0]
+    fleet.children.read_worker(worker)  # JobDone: an ack in the outbox, not written yet
+    assert d.outbox.finished("p") == {"t": 1}
+    pool.next_poll_at = 0.0
+    d.claim(pool, fleet.parts.clock.monotonic())
+    ((request, _),) = link.calls
+    assert isinstance(request, ClaimRated) and request.claim.finished == {"t": 1}

@@ -159,6 +159,7 @@ def test_migration_7_adds_the_rate_buckets_to_a_version_6_database(db_url, clock
     """Release 6 has no fleetd_rate_buckets: migration 7 makes it, and a rate-limited claim
     then spends from it on a database whose jobs were queued before the upgrade."""
     from supervisor.rates import Bucket, RateLimit
+    from supervisor.store.claim import ClaimRequest
 
     engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
     try:
@@ -181,9 +182,8 @@ def test_migration_7_adds_the_rate_buckets_to_a_version_6_database(db_url, clock
     store = open_store(db_url, clock)
     try:
         assert migrations.LATEST == 7
-        got = store.claim_rated(
-            pool="bulk", kinds={"render"}, n=5, node="n", lease=30, rate=RateLimit(Bucket(2, 2))
-        )
+        request = ClaimRequest("bulk", {"render"}, 5, "n", 30)
+        got = store.claim_rated(request, RateLimit(Bucket(2, 2)))
         assert len(got.rows) == 1
         assert store.rate_levels("bulk")[""][0] == 1.0
     finally:

@@ -10,6 +10,7 @@ import pytest
 
 from supervisor.model import Ack, ClaimLimits, JobState, NewJob, RetryBudget
 from supervisor.rates import Bucket, RateLimit
+from supervisor.store.claim import ClaimRequest
 
 TEN = RateLimit(Bucket(10.0, 10.0))
 
@@ -19,16 +20,8 @@ def job(kind: str = "render", tenant: str | None = None) -> NewJob:
 
 
 def claim(store, n, rate=TEN, kinds=("render",), node="node-a", limits=None, budget=None):
-    return store.claim_rated(
-        pool="bulk",
-        kinds=set(kinds),
-        n=n,
-        node=node,
-        lease=30.0,
-        rate=rate,
-        limits=limits,
-        budget=budget,
-    )
+    request = ClaimRequest("bulk", set(kinds), n, node, 30.0, limits, budget)
+    return store.claim_rated(request, rate)
 
 
 def test_a_claim_takes_at_most_the_whole_tokens_and_says_when_the_next_is_due(store, clock):
@@ -149,3 +142,18 @@ def test_a_claim_whose_clock_reads_earlier_than_the_last_count_refills_nothing_t
     assert tokens == pytest.approx(0.0) and at == pytest.approx(counted)
     clock._now = counted  # back where the bucket was last counted: no time has passed
     assert claim(store, 1, rate=one).rows == [], "3 jobs started where the burst is 2"
+
+
+def test_a_rated_fair_claim_leaves_this_node_s_unwritten_results_out_of_the_fair_order(store):
+    """As the plain fair claim (test_fair_share.py): a claim sent in the same pass as results
+    of the same node runs before they are written, and ``finished`` says which of the leased
+    jobs have ended. A rate-limited pool takes the fair order on every claim; its claim once
+    dropped ``finished``, so a tenant whose job had just ended still counted as running."""
+    fair = ClaimLimits(fair=True)
+    store.enqueue_many([job(tenant="big") for _ in range(10)])
+    store.enqueue_many([job(tenant="small") for _ in range(3)])
+    assert [r[8] for r in claim(store, 2, limits=fair).rows] == ["big", "small"]
+    one = ClaimRequest("bulk", {"render"}, 1, "node-a", 30.0, fair, None, {"small": 1})
+    # small's job ended here: small runs none, its next job goes first (without finished:
+    # one each running, big's turn)
+    assert [r[8] for r in store.claim_rated(one, TEN).rows] == ["small"]

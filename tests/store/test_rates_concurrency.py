@@ -22,6 +22,7 @@ import pytest
 from supervisor.model import Ack, JobState, NewJob
 from supervisor.rates import Bucket, RateLimit
 from supervisor.store import open_store
+from supervisor.store.claim import ClaimRequest
 
 JOBS = 60
 PROCESSES = 3
@@ -37,9 +38,7 @@ def worker(url: str, index: int, start: Any, results: Any) -> None:
     try:
         start.wait(timeout=DEADLINE)
         while True:
-            got = store.claim_rated(
-                pool="bulk", kinds={"render"}, n=3, node=f"p{index}", lease=300, rate=LIMIT
-            )
+            got = store.claim_rated(ClaimRequest("bulk", {"render"}, 3, f"p{index}", 300), LIMIT)
             claims += 1
             claimed += len(got.rows)
             if got.rows:
@@ -128,9 +127,7 @@ def test_a_claim_that_waited_for_the_lock_keeps_the_later_count_postgres() -> No
                 replies: list[Any] = []
                 claim = threading.Thread(
                     target=lambda: replies.append(
-                        store.claim_rated(
-                            pool="bulk", kinds={"render"}, n=1, node="a", lease=300, rate=LIMIT
-                        )
+                        store.claim_rated(ClaimRequest("bulk", {"render"}, 1, "a", 300), LIMIT)
                     )
                 )
                 claim.start()

@@ -19,10 +19,12 @@ from sqlalchemy import text
 
 from supervisor.model import Ack, JobState, ScheduleAdvance
 from supervisor.run.counters import Counters
+from supervisor.run.link import execute
 from supervisor.run.outbox import StoreHealth
+from supervisor.run.requests import SchedulePass
 from supervisor.run.schedulepass import Passes, schedule_pass
 from supervisor.run.scheduler import MAX_WAIT, Scheduler
-from supervisor.run.storelink import InlineLink, execute
+from supervisor.run.storelink import InlineLink
 from supervisor.schedules import ScheduleSpec, Timing, tick_job, tick_key
 from supervisor.store import open_store
 from supervisor.store.schema import TICKS_KEPT
@@ -161,10 +163,10 @@ def test_a_scheduler_in_the_repeated_hour_does_not_spin(store, clock):
     link = InlineLink(store, clock.monotonic)
     passes = 0
 
-    def counted(call: str, *args: Any, on_reply: Any) -> None:
+    def counted(request: Any, on_reply: Any) -> None:
         nonlocal passes
         passes += 1
-        InlineLink.submit(link, call, *args, on_reply=on_reply)
+        InlineLink.submit(link, request, on_reply=on_reply)
 
     link.submit = counted  # type: ignore[method-assign]
     scheduler = Scheduler(link, [nightly], clock, StoreHealth(Counters()))
@@ -191,7 +193,7 @@ def test_a_schedule_the_database_refuses_stops_only_itself(store, clock, caplog)
     scheduler = Scheduler(link, [bad, good], clock, StoreHealth(Counters()))
     caplog.set_level(logging.WARNING, "fleetd.schedules")
     for _ in range(6):  # first sight, then five ticks
-        reply = execute(store, "schedule_pass", ([bad, good],), {}, clock.monotonic)
+        reply = execute(store, SchedulePass([bad, good]), clock.monotonic)
         assert reply.error is None
         scheduler._passed(reply)
         clock.advance(10)

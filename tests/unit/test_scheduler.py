@@ -11,10 +11,11 @@ import pytest
 from supervisor.clock import FakeClock
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run.counters import Counters
+from supervisor.run.link import Reply
 from supervisor.run.outbox import StoreHealth
+from supervisor.run.requests import SchedulePass
 from supervisor.run.schedulepass import Passes, PassReport
 from supervisor.run.scheduler import BACKOFF_MAX, LOG_EVERY, MAX_WAIT, Scheduler
-from supervisor.run.storelink import Reply
 from supervisor.schedules import LATE_AFTER, ScheduleSpec, Timing
 
 STORE_BACKOFF_MAX = 5.0  # run/outbox.py StoreHealth: 100 ms doubling to 5 s
@@ -29,12 +30,13 @@ class Chores:
         self.error: StoreError | None = StoreError("schedule_pass: KeyError: 'sync'")
         self.calls = 0
 
-    def submit(self, call: str, *args: Any, on_reply: Any) -> None:
+    def submit(self, request: SchedulePass, on_reply: Any) -> None:
         self.calls += 1
         if self.error is not None:
             on_reply(Reply(None, self.error, self.clock.monotonic()))
         else:
-            passes = args[1]
+            passes = request.passes
+            assert passes is not None
             now = self.clock.now()
             report = PassReport(now, (), {}, passes.started or now)
             on_reply(Reply(report, None, self.clock.monotonic()))
@@ -50,9 +52,9 @@ def run_loop(scheduler: Scheduler, clock: FakeClock, seconds: float) -> None:
 
 
 def test_a_failing_pass_backs_off_and_logs_only_when_something_changes(caplog) -> None:
-    """A bug in the pass (the store process logged its traceback): passes 1 s apart doubling
-    to BACKOFF_MAX, one log line per reason and LOG_EVERY, the error on every schedule's view,
-    and once it works again one line saying so."""
+    """A pass the database refuses (a StoreError, not the store being away): passes 1 s
+    apart doubling to BACKOFF_MAX, one log line per reason and LOG_EVERY, the error on every
+    schedule's view, and once it works again one line saying so."""
     clock = FakeClock()
     chores = Chores(clock)
     scheduler = Scheduler(chores, [SPEC], clock, StoreHealth(Counters()))
@@ -98,9 +100,9 @@ def test_each_pass_carries_the_previous_pass_s_now_and_the_first_s() -> None:
     sent: list[Passes] = []
     submit = chores.submit
 
-    def recorded(call: str, *args: Any, on_reply: Any) -> None:
-        sent.append(args[1])
-        submit(call, *args, on_reply=on_reply)
+    def recorded(request: SchedulePass, on_reply: Any) -> None:
+        sent.append(request.passes)
+        submit(request, on_reply=on_reply)
 
     chores.submit = recorded  # type: ignore[method-assign]
     scheduler = Scheduler(chores, [SPEC], clock, StoreHealth(Counters()))

@@ -1,4 +1,4 @@
-"""``Results``: what the workers say and how they end, turned into the store's writes.
+"""``JobOutcomes``: what the workers say and how they end, turned into the store's writes.
 
     JobDone ──> ack (Outbox) ······ JobFailed, an unstorable result ──> fail (retry or dead)
     Returned (unstarted, drain) ──> release ······ exit ──> job_verdicts ──> fail / release
@@ -33,7 +33,7 @@ log = logging.getLogger("fleetd.dispatch")
 JOB_RESULTS = (protocol.JobDone, protocol.JobFailed)
 
 
-class Results:
+class JobOutcomes:
     def __init__(
         self,
         pools: dict[str, Pool],
