@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,3 +45,17 @@ def test_a_cycle_or_an_import_upwards_breaks_them(tmp_path: Path) -> None:
     run = lint(config, cwd=copy)
     assert run.returncode != 0
     assert "supervisor's wings: imports point down BROKEN" in run.stdout
+
+
+def test_every_module_of_supervisor_sits_in_a_layer() -> None:
+    """A module left out of the layers would be free to import anything: each of
+    supervisor's own modules and packages is named in one."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (wings,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    named = {name.strip() for layer in wings["layers"] for name in layer.split("|")}
+    children = {
+        path.stem if path.is_file() else path.name
+        for path in (ROOT / "supervisor").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+    assert children == named, f"in no layer: {children - named}; gone: {named - children}"
