@@ -49,7 +49,8 @@ class Drain:
         drain gives up on its writes (the loop wakes for it, not a second later at the next
         publish)."""
         if self.phase == FINISHING:
-            return self.deadline
+            # the workers may all be done before the grace ends, the writes still pending
+            return min(self.deadline, self.give_up_writes_at or self.deadline)
         if self.phase == KILLING and self.give_up_writes_at:
             return self.give_up_writes_at
         return None

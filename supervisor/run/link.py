@@ -3,11 +3,15 @@ offer, supervisor/run/storelink.py), ``Reply``, and the one rule every reply is 
 
     link.submit(request, on_reply) ──> the store process: ``execute(request)`` ──> Reply
          value ........................ what ``request.run(store)`` returned
-         error: a StoreError .......... an outage (StoreUnavailable, or what the database
-                                        raised): the caller backs off, as for any failure
+         error: StoreUnavailable ...... an outage (the database unreachable, a connection
+                                        lost, the store process gone): the caller backs off
          error: StoreBug .............. fleetd's own code failed in the store process
-                                        (TypeError, AttributeError, ...): ``deliver``
-                                        raises it into the loop's guard
+                                        (TypeError, AttributeError, ...), or the database
+                                        refused its statement (bad SQL, a value it cannot
+                                        hold): ``deliver`` raises it into the loop's guard
+
+What the database refuses row by row is narrowed inside the request that writes the rows
+(storecalls.write_results, schedulepass): only what no caller narrows comes back a bug.
 
 The rule lives in ``deliver``, which every link calls to hand a reply over, so no caller can
 judge a bug otherwise: a bug is never retried (a bug in a claim would otherwise back off and
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from supervisor.errors import StoreError
+from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run.requests import Request
 
 if TYPE_CHECKING:
@@ -34,8 +38,9 @@ log = logging.getLogger("fleetd.store")
 
 
 class StoreBug(Exception):
-    """An exception of fleetd's own code in a store call (not a StoreError): a bug. Its
-    traceback is logged by the process that ran the call; this carries its line."""
+    """A store call failed by fleetd's own doing: an exception of its code, or a statement
+    the database refused (any StoreError but StoreUnavailable). Not retried: the loop's guard
+    takes it. Its traceback is logged by the process that ran the call; this carries its line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +50,7 @@ class Reply:
     runs out no earlier than ``started`` plus the lease."""
 
     value: Any
-    error: StoreError | StoreBug | None
+    error: StoreUnavailable | StoreBug | None
     started: float
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -58,13 +63,17 @@ OnReply = Callable[[Reply], None]
 
 
 def execute(store: Store, request: Request[Any], monotonic: Callable[[], float]) -> Reply:
-    """Run one request: a store error becomes the reply's error; anything else a StoreBug,
-    its traceback logged here (the loop's end only gets its line)."""
+    """Run one request: an outage becomes the reply's error; anything else a StoreBug, its
+    traceback logged here (the loop's end only gets its line)."""
     started = monotonic()
     try:
         return Reply(request.run(store), None, started)
-    except StoreError as exc:
+    except StoreUnavailable as exc:
         return Reply(None, exc, started)
+    except StoreError as exc:  # the database refused a statement of ours: not an outage
+        what = type(request).__name__
+        log.error("store call %s refused: %s", what, exc)
+        return Reply(None, StoreBug(f"{what}: {exc}"), started)
     except Exception as exc:
         what = type(request).__name__
         log.error("store call %s failed:\n%s", what, traceback.format_exc())

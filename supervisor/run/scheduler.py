@@ -16,11 +16,10 @@ backoff) still enqueues it as on time, not as missed per ``catch_up`` (schedules
 Errors. The store being away (``StoreUnavailable``): the store backoff every chore shares. A
 schedule the database refuses: that schedule's error (logged when it changes, shown in the
 snapshot and ``fleetd status``); the others go on (run/schedulepass.py). Any other failed
-pass is a bug, or a refusal outside any one schedule: passes back off, 1 s doubling to
-``BACKOFF_MAX``, logged on the first failure, on a new reason and every ``LOG_EVERY``, and
-each schedule shows it. Not the loop's error policy, which stops the supervisor: every
-supervisor with the schedule would meet the same bug at the same tick, and stopping all their
-jobs for a chore is worse than late ticks, which a working pass catches up per ``catch_up``.
+pass (a bug, or a refusal outside any one schedule) comes back a ``StoreBug``, which the link
+raises into the loop's guard after this side has logged it (``_pass_failed``): one rule for
+every store call (run/link.py), so a broken pass stops the supervisor, its jobs released,
+rather than leaving its schedules silently late.
 
 Owned by the supervisor's main thread.
 """

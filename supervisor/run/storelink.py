@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.run import storewire
-from supervisor.run.link import OnReply, Reply, deliver, execute
+from supervisor.run.link import OnReply, Reply, StoreBug, deliver, execute
 from supervisor.run.requests import ArmedClaim, Request
 from supervisor.run.storeserve import StoreWrapper, serve
 from supervisor.run.workerproc import fork_paired, reap_within
@@ -248,13 +248,22 @@ class ProcessLink:
             pass
         except OSError:
             self._disconnect()
-        self._handle_inbox()
+        bug: StoreBug | None = None
+        try:
+            self._handle_inbox()
+        except StoreBug as exc:  # every reply read was handled: the rest are unanswered
+            bug = exc
         if self.sock is None:
             self._fail_all(StoreUnavailable("the store process exited"))
+        if bug is not None:
+            raise bug
 
     def _handle_inbox(self) -> None:
-        # one frame at a time: if a callback raises (the loop's error policy takes over),
-        # the replies read with it stay in the inbox for the emergency stop
+        """Hand every reply read to its callback. A reply that is a bug is raised once all
+        of them are handled (a claim answered behind it is a claim, not a loss); a callback
+        that raises stops here, the replies read with it left in the inbox for the
+        emergency stop that follows."""
+        bug: StoreBug | None = None
         while (message := storewire.next_frame(self.inbox)) is not None:
             req_id, payload = message
             if req_id == storewire.WAKE:
@@ -263,7 +272,12 @@ class ProcessLink:
             entry = self.calls.pop(req_id, None)
             if entry is not None:
                 self.deaths = 0
-                deliver(entry[2], payload)
+                try:
+                    deliver(entry[2], payload)
+                except StoreBug as exc:
+                    bug = bug or exc
+        if bug is not None:
+            raise bug
 
     # ---- internals -----------------------------------------------------------------------
 

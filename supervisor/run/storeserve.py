@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from supervisor.run import storewire
-from supervisor.run.link import execute
+from supervisor.run.link import Reply, StoreBug, execute
 from supervisor.run.requests import ArmedClaim, Disarm, Fire, Request, Retime
 
 if TYPE_CHECKING:
@@ -75,7 +75,13 @@ def serve(
         took = time.monotonic() - reply.started
         if took > SLOW_CALL:
             log.warning("store call %s took %.1fs", type(request).__name__, took)
-        sock.sendall(storewire.frame((req_id, reply)))
+        try:
+            message = storewire.frame((req_id, reply))
+        except Exception as exc:  # a value that does not pickle: fleetd's bug, not an outage
+            log.error("store call %s: its reply cannot be sent: %r", type(request).__name__, exc)
+            bug = StoreBug(f"{type(request).__name__}: its reply cannot be sent: {exc!r}")
+            message = storewire.frame((req_id, Reply(None, bug, reply.started)))
+        sock.sendall(message)
 
     def fire(pool: str) -> None:
         req_id, claim, _ = armed.pop(pool)

@@ -36,7 +36,7 @@ from enum import StrEnum
 import psutil
 
 from supervisor.model import Claimed
-from supervisor.policy import KillReason
+from supervisor.policy import KillKind, KillReason
 from workers import protocol, runtime
 from workers.forker import fork_blocked
 from workers.runtime import WorkerSpec
@@ -86,7 +86,7 @@ class WorkerHandle:
     proc: psutil.Process | None = None
     # where ask_cancel writes the id of the job it cancels (shared with the worker)
     cancel_slot: protocol.CancelSlot | None = None
-    unkillable: frozenset[str] = frozenset()  # kill kinds not sent: a test seam (run/hooks.py)
+    unkillable: frozenset[KillKind] = frozenset()  # kill kinds not sent: a test seam (run/hooks.py)
 
     @property
     def job(self) -> InFlight | None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import load_config
-from supervisor.errors import StoreUnavailable
+from supervisor.errors import StoreError, StoreUnavailable
 from supervisor.imports import import_handlers
 from supervisor.model import JobState, Lease, NewJob, PoolHistory, PoolStats
 from supervisor.policy import Ceiling
@@ -34,6 +34,7 @@ from supervisor.run.requests import (
     Disarm,
     GetJob,
     Prune,
+    Reap,
     WriteResults,
 )
 from supervisor.run.storecalls import Results
@@ -348,10 +349,27 @@ def db(tmp_path: Path):
     store.close()
 
 
-def started(url: str) -> ProcessLink:
-    link = ProcessLink(url, title="t", listen=False)
+def started(url: str, wrap_store: Any = None) -> ProcessLink:
+    link = ProcessLink(url, title="t", listen=False, wrap_store=wrap_store)
     link.start(lambda: None)
     return link
+
+
+class BrokenPrune:
+    """A store whose prune is a bug (a TypeError) and whose statement for reap the database
+    refuses (a plain StoreError); every other verb its own."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def prune(self, **kwargs: Any) -> Any:
+        raise TypeError("a bug in prune")
+
+    def reap(self, **kwargs: Any) -> Any:
+        raise StoreError("database error: syntax error at or near SELEKT")
 
 
 def replies_in(link: ProcessLink, n: int) -> None:
@@ -407,6 +425,38 @@ def test_a_reply_in_the_socket_when_the_store_process_dies_is_handled(db) -> Non
     _, status = os.waitpid(link.pid, 0)  # and its exit is reaped before the socket is read
     link.exited(status, time.monotonic())
     assert replies and replies[0].error is None and [row[0] for row in replies[0].value] == [jid]
+
+
+def test_a_bug_reply_read_with_others_leaves_them_replies(db) -> None:
+    """Replies behind a bug's, in the same read, reach their callbacks (a claim's leases are
+    known to the loop) before the bug is raised; so do they when the store process died."""
+    url, store = db
+    (jid,) = store.enqueue_many([job()])
+    link = started(url, wrap_store=BrokenPrune)
+    replies: list[Any] = []
+    link.submit(Prune(3600.0), on_reply=replies.append)
+    link.submit(ClaimRows(ClaimRequest("p", ["noop"], 1, "n1", 30.0)), on_reply=replies.append)
+    replies_in(link, 2)
+    assert link.pid is not None
+    os.kill(link.pid, signal.SIGKILL)
+    _, status = os.waitpid(link.pid, 0)
+    with pytest.raises(StoreBug, match="a bug in prune"):
+        link.exited(status, time.monotonic())
+    bug, claimed = replies
+    assert isinstance(bug.error, StoreBug)
+    assert claimed.error is None and [row[0] for row in claimed.value] == [jid]
+
+
+def test_a_statement_the_database_refuses_is_a_bug_not_an_outage(db) -> None:
+    url, _ = db
+    link = started(url, wrap_store=BrokenPrune)
+    replies: list[Any] = []
+    link.submit(Reap(10), on_reply=replies.append)
+    with pytest.raises(StoreBug, match="SELEKT"):
+        while not replies:
+            link.wait_idle(5.0)
+    assert isinstance(replies[0].error, StoreBug)
+    link.close(1.0)
 
 
 def test_the_loop_sleeps_while_a_drain_waits_for_its_writes(made) -> None:

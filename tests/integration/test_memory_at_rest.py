@@ -24,7 +24,7 @@ def fleetd(*args: str) -> str:
         capture_output=True,
         text=True,
         timeout=60,
-        env={"COLUMNS": "160"} | dict(__import__("os").environ),
+        env={**__import__("os").environ, "COLUMNS": "160"},  # the wide view, whatever is set
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import load_config
-from supervisor.errors import StoreUnavailable
+from supervisor.errors import StoreError, StoreRejected, StoreUnavailable
 from supervisor.imports import import_handlers
 from supervisor.model import JobState, NewJob
 from supervisor.run.fleet import EXIT_LOOP_ERROR
@@ -183,6 +183,40 @@ def test_an_outage_of_a_store_call_is_backed_off_and_the_jobs_finish(
         eventually(lambda: (tmp_path / "fired").exists(), timeout=10)
         os.kill(pid, signal.SIGTERM)
         assert wait_exit(pid, 30) == 0
+    finally:
+        end(pid)
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("verb", "error"),
+    [
+        ("claim_rows", TypeError),  # both pools' claims and the disarm answer with bugs
+        ("extend", TypeError),
+        ("ack", TypeError),  # the releases of the same batch are written all the same
+        ("claim_rows", StoreError),  # the database refusing a statement: not an outage
+        ("controls", StoreRejected),
+    ],
+    ids=["claim-bug", "extend-bug", "ack-bug", "claim-refused", "controls-refused"],
+)
+def test_a_lasting_bug_still_ends_with_every_running_job_handed_back(
+    tmp_path: Path, verb: str, error: Any
+) -> None:
+    """The verb fails at every call from then on, during the emergency stop too: the stop's
+    releases are written whatever other reply is a bug, and it ends."""
+    pid, store, armed = run_fleet(tmp_path, verb, error, times=10**6)
+    try:
+        held = store.enqueue_many(
+            [job("sleep", "plain", seconds=60), job("rsleep", "rated", seconds=60)]
+        )
+        eventually(lambda: all(store.get(i).state is JobState.LEASED for i in held), timeout=20)
+        armed.touch()
+        if verb == "ack":
+            store.enqueue_many([job("noop", "plain")])  # a result to write, never written
+        assert wait_exit(pid, 40) == EXIT_LOOP_ERROR
+        assert set((tmp_path / "fired").read_text().split()) == {verb}
+        jobs = [store.get(i) for i in held]
+        assert [(j.state, j.attempts) for j in jobs] == [(JobState.QUEUED, 0)] * 2, jobs
     finally:
         end(pid)
         store.close()
