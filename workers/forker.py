@@ -17,7 +17,7 @@ What a worker sees is unchanged: it is forked from a process that imported its h
 its parent (the forker) is the pid ``WorkerSpec.parent_pid`` names; PR_SET_PDEATHSIG ties it to
 the forker, and the forker's own PR_SET_PDEATHSIG ties the forker to the supervisor, so a
 supervisor that is SIGKILLed takes both down. The forker is not a subreaper: what a dead
-worker's job left running goes up to the supervisor, which is one (``Fleet.end_strays``).
+worker's job left running goes up to the supervisor, which is one (``Children.end_strays``).
 
 The protocol, one ``SOCK_SEQPACKET`` socketpair (each send is one record)::
 

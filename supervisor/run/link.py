@@ -17,7 +17,7 @@ The rule lives in ``deliver``, which every link calls to hand a reply over, so n
 judge a bug otherwise: a bug is never retried (a bug in a claim would otherwise back off and
 retry forever). The reply still reaches its callback first, as a failed call, so the caller
 puts back what it had in flight (a batch of results, a claim in flight) for the emergency
-stop that follows (``Fleet.stop_after_error``: every lease released, exit 70).
+stop that follows (``stopping.stop_after_error``: every lease released, exit 70).
 """
 
 from __future__ import annotations

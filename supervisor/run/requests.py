@@ -9,10 +9,13 @@
     reads       ReadControls, ScalerRead, GetJob; and the observer's figures,
                 ``ObserverRead`` in supervisor/observe/observer.py (observe/ never imports run/)
 
-They cross a socket pickled, thousands a second: each pickles as a call of its class with its
-fields (``__reduce__``; a slots dataclass's own way sets its state field by field in Python,
-several µs each way), and what a request carries per job stays a plain tuple
-(supervisor/run/storecalls.py). Only store verbs are called here: the SQL stays in
+They cross a socket pickled: each pickles as a call of its class with its fields
+(``__reduce__``; a slots dataclass's own way sets its state field by field in Python), and what
+a request carries per job stays a plain tuple (supervisor/run/storecalls.py). What a typed value
+costs is its class, found by name on each side: a claim's round trip through pickle measured
+6.7 µs against 1.7 µs for the (id, name, args, kwargs) tuple it replaced, a Fire 2.6 against
+0.8 µs (a NamedTuple is no cheaper). That is per request, never per job: a loop sending a
+thousand claims a second pays 5 ms of it. Only store verbs are called here: the SQL stays in
 supervisor/store.
 """
 

@@ -181,7 +181,7 @@ def fake(tmp_path: Path) -> MemoryCgroups:
 
 
 def prepared_worker(memcg: MemoryCgroups, pid: int, usage: int = MIB, oom_count: int = 0) -> Path:
-    """A worker forked into a prepared cgroup (as ``Fleet.fork`` does), then reaped cleanly
+    """A worker forked into a prepared cgroup (as ``Children.fork`` does), then reaped cleanly
     with ``usage`` bytes still charged to its cgroup; the cgroup's path."""
     prepared = memcg.prepare("p", 1, 256 * MIB)
     assert prepared is not None
