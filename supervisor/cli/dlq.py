@@ -116,12 +116,7 @@ def dlq_requeue(
     since: str | None,
 ) -> None:
     """Give dead jobs a fresh delivery budget: IDS, those a filter matches, or --all."""
-    from supervisor.actions import dlq_lines
-
-    where = _dlq_where(ids, everything, kind, tenant, error_kind, since)
-    with open_client(_dlq_config(config_path), pool=pool) as client:
-        done = client.store.dlq_requeue(list(ids) or None, pool=pool, where=where)
-    echo_lines(dlq_lines("requeued", done, where))
+    _bulk("requeued", config_path, ids, everything, pool, (kind, tenant, error_kind, since))
 
 
 @dlq.command("purge")
@@ -142,9 +137,22 @@ def dlq_purge(
     since: str | None,
 ) -> None:
     """Delete dead jobs: IDS, those a filter matches, or --all (of --pool)."""
+    _bulk("purged", config_path, ids, everything, pool, (kind, tenant, error_kind, since))
+
+
+def _bulk(
+    done: str,
+    config_path: str | None,
+    ids: tuple[int, ...],
+    everything: bool,
+    pool: str | None,
+    filters: tuple[str | None, str | None, str | None, str | None],
+) -> None:
+    """Requeue or purge (``done``: "requeued", "purged") what IDS or the filters name."""
     from supervisor.actions import dlq_lines
 
-    where = _dlq_where(ids, everything, kind, tenant, error_kind, since)
+    where = _dlq_where(ids, everything, *filters)
     with open_client(_dlq_config(config_path), pool=pool) as client:
-        purged = client.store.dlq_purge(list(ids) or None, pool=pool, where=where)
-    echo_lines(dlq_lines("purged", purged, where))
+        verb = client.store.dlq_requeue if done == "requeued" else client.store.dlq_purge
+        changed = verb(list(ids) or None, pool=pool, where=where)
+    echo_lines(dlq_lines(done, changed, where))
