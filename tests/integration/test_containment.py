@@ -30,6 +30,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.alone  # the bomb must reach its limit before its timeout: no neighbour's load
 def test_nothing_a_job_starts_outlives_it(fleet: Harness, tmp_path: Path) -> None:
     fleet.configure(
         {

@@ -133,6 +133,7 @@ def stalled(tmp_path: Path, engine: str, start_supervisor) -> Iterator[tuple[Har
         proxy.close()
 
 
+@pytest.mark.alone  # the bomb must reach its limit before its timeout: no neighbour's load
 def test_a_stalled_database_stops_no_kill_no_drain_and_loses_nothing(
     stalled: tuple[Harness, Stall],
 ) -> None:

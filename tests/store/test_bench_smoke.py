@@ -160,6 +160,9 @@ def _horizon_holders(store: Any, seconds: float) -> list[str]:
 
 @pytest.mark.postgres
 @pytest.mark.slow
+# alone: a VACUUM cannot remove rows that another session's snapshot may still see, and
+# the server's autovacuum and ANALYZE are every schema's: no neighbour on the server
+@pytest.mark.alone
 def test_postgres_reaper_vacuums_once_dead_rows_pile_up() -> None:
     clock = FakeClock()
     with postgres_schema_url() as url:
@@ -186,6 +189,9 @@ def test_postgres_reaper_vacuums_once_dead_rows_pile_up() -> None:
 
 @pytest.mark.postgres
 @pytest.mark.slow
+# alone: a VACUUM cannot remove rows that another session's snapshot may still see, and
+# the server's autovacuum and ANALYZE are every schema's: no neighbour on the server
+@pytest.mark.alone
 def test_postgres_reaper_analyzes_a_backlog_the_planner_does_not_know_of() -> None:
     # A table never analyzed estimates one queued row: with 40,000 queued the planner read
     # them all through a smaller index and sorted them on every claim (21 ms a claim, not 1)

@@ -317,6 +317,7 @@ def test_a_forked_child_reads_its_own_figures_not_its_parents() -> None:
     assert after - before >= 90 * MIB, (before, after)
 
 
+@pytest.mark.alone  # its RSS is sampled against a deadline: no neighbour's load
 def test_recycles_when_rss_stays_above_recycle_rss(spawn: Callable[..., Worker]) -> None:
     baseline = limits.current_rss() or 0
     w = spawn(recycle_rss=baseline + 64 * MIB)
