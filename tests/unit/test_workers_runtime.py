@@ -319,8 +319,17 @@ def test_a_forked_child_reads_its_own_figures_not_its_parents() -> None:
 
 @pytest.mark.alone  # its RSS is sampled against a deadline: no neighbour's load
 def test_recycles_when_rss_stays_above_recycle_rss(spawn: Callable[..., Worker]) -> None:
-    baseline = limits.current_rss() or 0
-    w = spawn(recycle_rss=baseline + 64 * MIB)
+    # the threshold from a worker's own RSS after the same first job, not the test process's:
+    # a forked worker holds only the parent's pages it maps (a long test run's process has
+    # file-backed pages a fresh child has not touched: the full suite's read far above it)
+    probe = spawn()
+    probe.ready()
+    assert isinstance(probe.run("allocate", {"mib": 100}), JobDone)
+    probe.send(Ping(1))
+    pong = probe.recv()
+    assert isinstance(pong, Pong) and pong.rss
+    probe.cleanup()
+    w = spawn(recycle_rss=pong.rss + 64 * MIB)
     w.ready()
     assert isinstance(w.run("allocate", {"mib": 100}), JobDone)  # freed: no recycle
     w.send(Ping(1))
